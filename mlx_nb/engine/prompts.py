@@ -1,0 +1,49 @@
+"""Turn a request into prompt token ids with the model's own chat template."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mlx_nb.engine.messages import has_images
+from mlx_nb.engine.types import RequestError
+
+
+def flatten_text(messages: list[dict]) -> list[dict]:
+    """List content of text-only messages becomes a string (text models' templates expect one)."""
+    out = []
+    for m in messages:
+        if isinstance(m["content"], list):
+            m = {**m, "content": "".join(p.get("text", "") for p in m["content"])}
+        out.append(m)
+    return out
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict],
+    tools: Optional[list] = None,
+    template_kwargs: Optional[dict] = None,
+) -> str:
+    """The prompt text for a normalized conversation; template errors become RequestErrors."""
+    if has_images(messages):
+        raise RequestError("this model is text-only and cannot read images: send text, or load a vision model", "messages")
+    if not getattr(tokenizer, "has_chat_template", True) or tokenizer.chat_template is None:
+        return "".join(f"{m['role']}: {m['content']}\n" for m in flatten_text(messages)) + "assistant:"
+    try:
+        return tokenizer.apply_chat_template(
+            flatten_text(messages),
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=False,
+            **(template_kwargs or {}),
+        )
+    except Exception as exc:  # jinja TemplateError, or a template's raise_exception
+        raise RequestError(f"the chat template rejected the conversation: {exc}", "messages") from exc
+
+
+def encode_prompt(tokenizer: Any, text: str, *, chat: bool) -> list[int]:
+    """Token ids; a chat prompt already holds its special tokens, a completion gets the BOS."""
+    ids = tokenizer.encode(text, add_special_tokens=not chat)
+    if not ids:
+        raise RequestError("the prompt is empty: send some text", "prompt")
+    return list(ids)

@@ -1,0 +1,76 @@
+"""Per-request samplers and logits processors, built on mlx_lm's sample_utils.
+
+Unseeded requests with equal settings share one sampler object: BatchGenerator then samples the
+whole batch in one call instead of row by row. A seeded request gets its own random key stream,
+so its output does not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from mlx_nb.engine.types import RequestError, SamplingParams
+
+
+def validate(p: SamplingParams, context_length: int) -> None:
+    checks = [
+        (isinstance(p.max_tokens, int) and 1 <= p.max_tokens <= context_length,
+         "max_tokens", f"max_tokens must be an integer from 1 to the context length {context_length}"),
+        (0.0 <= p.temperature <= 10.0, "temperature", "temperature must be between 0 and 10"),
+        (0.0 < p.top_p <= 1.0, "top_p", "top_p must be in (0, 1]"),
+        (isinstance(p.top_k, int) and p.top_k >= 0, "top_k", "top_k must be a non-negative integer"),
+        (0.0 <= p.min_p <= 1.0, "min_p", "min_p must be between 0 and 1"),
+        (0.0 < p.repetition_penalty <= 10.0, "repetition_penalty", "repetition_penalty must be in (0, 10]"),
+        (isinstance(p.logprobs, int) and 0 <= p.logprobs <= 20, "logprobs", "logprobs must be an integer from 0 to 20"),
+        (isinstance(p.stop, list) and all(isinstance(s, str) and s for s in p.stop) and len(p.stop) <= 16,
+         "stop", "stop must be a list of at most 16 non-empty strings"),
+        (p.seed is None or isinstance(p.seed, int), "seed", "seed must be an integer"),
+    ]
+    for ok, field, message in checks:
+        if not ok:
+            raise RequestError(message, field)
+
+
+class SamplerCache:
+    """Hands out shared samplers by setting; seeded requests get a private one."""
+
+    def __init__(self):
+        self._shared: dict[tuple, Callable] = {}
+
+    def get(self, p: SamplingParams) -> Callable:
+        from mlx_lm.sample_utils import make_sampler
+
+        if p.seed is not None and p.temperature > 0:
+            return _seeded_sampler(p)
+        key = p.sampler_key()[:4]
+        if key not in self._shared:
+            self._shared[key] = make_sampler(temp=p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+        return self._shared[key]
+
+
+def _seeded_sampler(p: SamplingParams) -> Callable:
+    import mlx.core as mx
+    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+    state = {"key": mx.random.key(p.seed)}
+
+    def sampler(logprobs):
+        if 0 < p.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, p.top_p)
+        if p.min_p > 0:
+            logprobs = apply_min_p(logprobs, p.min_p)
+        if p.top_k > 0:
+            logprobs = apply_top_k(logprobs, p.top_k)
+        state["key"], sub = mx.random.split(state["key"])
+        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
+
+    return sampler
+
+
+def logits_processors(p: SamplingParams, extra: Optional[list] = None) -> list:
+    from mlx_lm.sample_utils import make_repetition_penalty
+
+    procs = list(extra or [])
+    if p.repetition_penalty != 1.0:
+        procs.append(make_repetition_penalty(p.repetition_penalty))
+    return procs

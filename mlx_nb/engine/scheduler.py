@@ -1,0 +1,236 @@
+"""The batch runner: drives mlx_lm's BatchGenerator on the engine thread.
+
+Requests join the running batch while it decodes (insert -> merged prompt batch -> extend into
+the decode batch) and leave it when they finish or are aborted (filter). Each `step()` is one
+`BatchGenerator.next()`: one decode step for every decoding row plus one prefill chunk. Only
+BatchGenerator's public keyword API is used (insert, next, remove, extract_cache).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from mlx_nb.engine.events import EventLog
+from mlx_nb.engine.layout import cache_type_name, describe_layers
+from mlx_nb.engine.live import LiveRequest
+from mlx_nb.engine.sampling import SamplerCache, logits_processors
+from mlx_nb.engine.types import TokenLogprob
+
+log = logging.getLogger("mlx_nb.engine")
+
+# Architectures whose SSM ignores right-padding lengths during a batched prefill: their prompts
+# are prefilled one request at a time (decode still batches), never silently wrong.
+PADDING_UNSAFE = {"nemotron_h"}
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        loaded,
+        events: EventLog,
+        *,
+        max_batch: int = 32,
+        prefill_batch: int = 8,
+        prefill_step_size: int = 512,
+    ):
+        self.loaded = loaded
+        self.events = events
+        self.max_batch = max_batch
+        self.prefill_batch = 1 if loaded.config.get("model_type") in PADDING_UNSAFE else prefill_batch
+        self.prefill_step_size = prefill_step_size
+        self.samplers = SamplerCache()
+        self.by_uid: dict[int, LiveRequest] = {}
+        self.steps = 0
+        self.generated_tokens = 0
+        self.prompt_tokens = 0
+        self.decoding: list[str] = []
+        self._bg = self._new_generator()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _new_generator(self):
+        from mlx_lm.generate import BatchGenerator
+
+        eos = sorted(getattr(self.loaded.tokenizer, "eos_token_ids", []) or [])
+        return BatchGenerator(
+            self.loaded.model,
+            stop_tokens=[[t] for t in eos],
+            completion_batch_size=self.max_batch,
+            prefill_batch_size=self.prefill_batch,
+            prefill_step_size=self.prefill_step_size,
+        )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.by_uid)
+
+    def live(self) -> list[LiveRequest]:
+        return list(self.by_uid.values())
+
+    # -- admission ---------------------------------------------------------------------------
+    def admit(self, live: LiveRequest, caches: Optional[list] = None, all_tokens: Optional[list] = None) -> None:
+        p = live.request.sampling
+        procs = [self._guard(live, fn) for fn in logits_processors(p, live.logits_processors)]
+        prompt = live.prompt_tokens[len(all_tokens or []):]
+        (uid,) = self._bg.insert(
+            prompts=[prompt],
+            max_tokens=[p.max_tokens],
+            caches=[caches] if caches is not None else None,
+            all_tokens=[list(all_tokens or [])],
+            samplers=[self.samplers.get(p)],
+            logits_processors=[procs],
+        )
+        live.uid = uid
+        live.phase = "queued"
+        live.prefilled = len(all_tokens or [])
+        self.by_uid[uid] = live
+        self.events.publish(
+            "insert",
+            self.steps,
+            [live.id],
+            prompt_tokens=len(live.prompt_tokens),
+            cached_tokens=live.cached_tokens,
+            cache_types=[cache_type_name(c) for c in caches] if caches else None,
+        )
+
+    @staticmethod
+    def _guard(live: LiveRequest, fn: Callable) -> Callable:
+        """A per-request callback that fails only its own request, never the batch."""
+
+        def guarded(tokens, logits):
+            if live.failure is not None:
+                return logits
+            try:
+                out = fn(tokens, logits)
+            except Exception as exc:
+                live.failure = f"logits processor failed: {type(exc).__name__}: {exc}"
+                return logits
+            return out
+
+        return guarded
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self) -> None:
+        """One BatchGenerator step; a failure fails the requests in the batch, not the engine."""
+        try:
+            prompt_responses, gen_responses = self._bg.next()
+        except Exception as exc:
+            self._recover(exc)
+            return
+        self.steps += 1
+        for r in prompt_responses:
+            self._on_prompt(r)
+        for r in gen_responses:
+            self._on_token(r)
+        failed = [lv for lv in self.by_uid.values() if lv.failure is not None]
+        if failed:
+            self._remove(failed, "error")
+        if self.decoding:
+            self.events.publish("step", self.steps, list(self.decoding), batch_size=len(self.decoding))
+
+    def _on_prompt(self, r) -> None:
+        live = self.by_uid.get(r.uid)
+        if live is None:
+            return
+        done, total = r.progress
+        live.prefilled = live.cached_tokens + done if live.cached_tokens else done
+        if r.end_of_prompt:
+            live.phase = "decode"
+            self.decoding.append(live.id)
+            self.prompt_tokens += total
+            self.events.publish("extend", self.steps, [live.id], batch_size=len(self.decoding))
+        else:
+            live.phase = "prefill"
+            self.events.publish("prefill", self.steps, [live.id], done=done, total=total)
+
+    def _on_token(self, r) -> None:
+        live = self.by_uid.get(r.uid)
+        if live is None:
+            return
+        live.generated += 1
+        self.generated_tokens += 1
+        if r.finish_reason == "stop":  # a stop token: never sent as content
+            self._finish(live, "stop", live.stream.finish())
+            return
+        logprob = self._logprob(live, r) if live.request.sampling.logprobs else None
+        text = live.stream.add(r.token)
+        live.emit(text, r.token, logprob)
+        if live.stream.stopped:
+            self._remove([live], "stop")
+        elif r.finish_reason == "length":
+            self._finish(live, "length", live.stream.finish())
+
+    def _logprob(self, live: LiveRequest, r) -> TokenLogprob:
+        import mlx.core as mx
+
+        k = live.request.sampling.logprobs
+        top = mx.argpartition(-r.logprobs, kth=k - 1)[:k]
+        values = r.logprobs[top]
+        order = mx.argsort(-values)
+        top_ids, top_vals = top[order].tolist(), values[order].tolist()
+        tok = self.loaded.tokenizer
+        return TokenLogprob(
+            token=tok.decode([r.token]),
+            logprob=r.logprobs[r.token].item(),
+            top=[(tok.decode([i]), v) for i, v in zip(top_ids, top_vals)],
+        )
+
+    # -- leaving the batch -------------------------------------------------------------------
+    def _finish(self, live: LiveRequest, reason: str, text: str = "", error: Optional[str] = None) -> None:
+        """A request BatchGenerator already dropped (it reported stop or length)."""
+        self.by_uid.pop(live.uid, None)
+        self._left(live)
+        live.finish(reason, text, error)
+        self.events.publish("filter", self.steps, [live.id], reason=reason, batch_size=len(self.decoding))
+
+    def _remove(self, lives: list[LiveRequest], reason: str) -> None:
+        """Take requests out of the batch ourselves (abort, stop string, per-request error)."""
+        self._bg.remove([lv.uid for lv in lives])
+        for live in lives:
+            self.by_uid.pop(live.uid, None)
+            self._left(live)
+            tail = live.stream.finish() if reason == "stop" else ""
+            live.finish(reason, tail, live.failure if reason == "error" else None)
+        self.events.publish(
+            "filter", self.steps, [lv.id for lv in lives], reason=reason, batch_size=len(self.decoding)
+        )
+
+    def _left(self, live: LiveRequest) -> None:
+        if live.id in self.decoding:
+            self.decoding.remove(live.id)
+
+    def abort(self, request_id: str) -> bool:
+        for live in self.by_uid.values():
+            if live.id == request_id:
+                self._remove([live], "abort")
+                return True
+        return False
+
+    def _recover(self, exc: Exception) -> None:
+        """A step raised: fail every request in the batch, start a fresh generator, go on."""
+        log.exception("mlx_nb: batch step failed; failing %d request(s) and rebuilding the batch", len(self.by_uid))
+        message = f"batch step failed: {type(exc).__name__}: {exc}"
+        lives = list(self.by_uid.values())
+        self.by_uid.clear()
+        self.decoding.clear()
+        for live in lives:
+            live.finish("error", error=message)
+        self.events.publish("error", self.steps, [lv.id for lv in lives], message=message)
+        self._bg = self._new_generator()
+
+    def close(self) -> None:
+        for live in list(self.by_uid.values()):
+            live.finish("abort", error="engine closed")
+        self.by_uid.clear()
+        self._bg.close()
+
+    # -- introspection -----------------------------------------------------------------------
+    def request_layout(self, request_id: str) -> Optional[list[dict]]:
+        for live in self.by_uid.values():
+            if live.id == request_id:
+                found = self._bg.extract_cache([live.uid])
+                if live.uid not in found:
+                    return None
+                cache, _tokens = found[live.uid]
+                return describe_layers(cache)
+        return None

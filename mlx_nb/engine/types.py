@@ -1,0 +1,92 @@
+"""The values that cross the engine's boundary: what a caller asks for and what comes back.
+
+Kept free of MLX so the API layer, the client and the widgets can import them cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class RequestError(ValueError):
+    """A request the engine refuses at submit time. `field` names the offending input."""
+
+    def __init__(self, message: str, field: Optional[str] = None):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Delta:
+    """One streamed piece of a reply. `text` is always valid UTF-8 and never holds a stop token."""
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: Optional[FinishReason] = None
+    error: Optional[str] = None
+    usage: Optional[Usage] = None
+
+
+@dataclass
+class Result:
+    """The whole reply, assembled from the deltas."""
+
+    request_id: str
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: Optional[int] = None
+    logprobs: int = 0  # how many top alternatives per token; 0 = no logprobs
+
+    def sampler_key(self) -> tuple:
+        """Requests with equal keys share one sampler object, so the batch samples in one call."""
+        return (self.temperature, self.top_p, self.top_k, self.min_p, self.seed)
+
+
+@dataclass
+class Request:
+    """A validated request: a chat (`messages`) or a completion (`prompt`), plus sampling."""
+
+    id: str
+    messages: Optional[list[dict[str, Any]]] = None
+    prompt: Optional[str] = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tools: Optional[list[dict[str, Any]]] = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)

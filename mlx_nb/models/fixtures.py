@@ -1,0 +1,134 @@
+"""Tiny random-weight models, one per cache layout the engine must batch.
+
+Their output is noise by nature (random weights): they exist to prove that batching, caching and
+streaming give exactly the tokens a one-at-a-time run gives. Built deterministically on first use
+into the model cache and then loaded by the same path as real models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mlx_nb.models.atomic import build_atomically
+from mlx_nb.models.templates import LENIENT_CHATML, STRICT_CHATML
+from mlx_nb.models.tiny_tokenizer import VOCAB_SIZE, write_tokenizer
+
+_COMMON = {"vocab_size": VOCAB_SIZE, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
+
+TINY_CONFIGS: dict[str, dict] = {
+    "tiny-llama": {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        **_COMMON,
+    },
+    "tiny-qwen3.5": {
+        "model_type": "qwen3_5",
+        "text_config": {
+            "model_type": "qwen3_5_text",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 2,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {
+                "mrope_section": [2, 1, 1],
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "rope_type": "default",
+            },
+            **_COMMON,
+        },
+        "tie_word_embeddings": True,
+    },
+    "tiny-gemma3": {
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 16,
+        "max_position_embeddings": 4096,
+        **_COMMON,
+    },
+    "tiny-falcon-h1": {
+        "model_type": "falcon_h1",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "mamba_d_conv": 4,
+        "mamba_d_head": 16,
+        "mamba_d_ssm": 64,
+        "mamba_d_state": 16,
+        "mamba_n_groups": 1,
+        "mamba_n_heads": 4,
+        "mamba_chunk_size": 16,
+        "max_position_embeddings": 4096,
+        **_COMMON,
+    },
+}
+
+_TEMPLATES = {
+    "tiny-llama": LENIENT_CHATML,
+    "tiny-qwen3.5": STRICT_CHATML,
+    "tiny-gemma3": LENIENT_CHATML,
+    "tiny-falcon-h1": LENIENT_CHATML,
+}
+
+WEIGHT_SCALE = 0.25  # large enough that greedy argmax is decisive, not a near-tie between tokens
+
+
+def tiny_names() -> list[str]:
+    return sorted(TINY_CONFIGS)
+
+
+def build_tiny(name: str, dest: Path) -> Path:
+    """Build fixture `name` into `dest` (atomically); returns `dest`."""
+    if name not in TINY_CONFIGS:
+        raise KeyError(name)
+    return build_atomically(dest, lambda tmp: _write_tiny(name, tmp))
+
+
+def _write_tiny(name: str, out: Path) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    config = TINY_CONFIGS[name]
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    rng = np.random.default_rng(_seed(name))
+    weights = {}
+    for key, value in tree_flatten(model.parameters()):
+        weights[key] = mx.array(
+            rng.normal(0.0, WEIGHT_SCALE, size=value.shape).astype(np.float32)
+        )
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_tokenizer(out, _TEMPLATES[name])
+
+
+def _seed(name: str) -> int:
+    return sum((i + 1) * ord(c) for i, c in enumerate(name))

@@ -1,0 +1,113 @@
+"""Load a model by name or path into a `LoadedModel` that knows its kind, tokenizer and caches.
+
+The kind (text or vision) comes from the config (`vision_config` present), never from the name.
+Text models load through mlx_lm, vision models through mlx_vlm; both then follow the runtime's
+dtype policy (float32 on CPU, where quantized and half-precision matmuls don't use BLAS).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from mlx_nb import runtime
+from mlx_nb.models.sources import resolve
+
+
+class ModelLoadError(ValueError):
+    """A model directory that exists but cannot be loaded; the message says why."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path
+    kind: str  # "text" or "vision"
+    model: Any  # the module BatchGenerator drives (the language model for a vision model)
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    config: dict
+    processor: Any = None  # mlx_vlm processor for vision models
+    vision_model: Any = None  # the full mlx_vlm model (vision tower + language model)
+    dtype: str = "native"
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    @property
+    def context_length(self) -> int:
+        cfg = self.config.get("text_config", self.config)
+        for key in ("max_position_embeddings", "context_length", "max_sequence_length"):
+            if isinstance(cfg.get(key), int):
+                return cfg[key]
+        return 4096
+
+    def make_cache(self) -> list:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.model)
+
+    def cache_types(self) -> list:
+        """Per layer, the cache class name (a list of names for a CacheList)."""
+        from mlx_nb.engine.layout import cache_type_name
+
+        return [cache_type_name(c) for c in self.make_cache()]
+
+
+def read_config(path: Path) -> dict:
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}/config.json is unreadable ({exc}): re-create the model directory") from exc
+
+
+def load_model(name_or_path: str = None) -> LoadedModel:
+    """Resolve, load and prepare a model; raises a one-line error for anything wrong."""
+    from mlx_nb.models.sources import DEFAULT_MODEL
+
+    name = name_or_path or DEFAULT_MODEL
+    path = resolve(name)
+    config = read_config(path)
+    kind = "vision" if "vision_config" in config else "text"
+    try:
+        loaded = _load_vision(name, path, config) if kind == "vision" else _load_text(name, path, config)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        if isinstance(exc, ModelLoadError):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(f"could not load {name} from {path}: {first}") from exc
+    _apply_dtype_policy(loaded)
+    return loaded
+
+
+def _load_text(name: str, path: Path, config: dict) -> LoadedModel:
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(path))
+    return LoadedModel(name=name, path=path, kind="text", model=model, tokenizer=tokenizer, config=config)
+
+
+def _load_vision(name: str, path: Path, config: dict) -> LoadedModel:
+    from mlx_nb.engine.vision import load_vision_model
+
+    return load_vision_model(name, path, config)
+
+
+def _apply_dtype_policy(loaded: LoadedModel) -> None:
+    policy = runtime.dtype_policy()
+    loaded.dtype = policy
+    if policy != "float32":
+        return
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import dequantize_model
+
+    target = loaded.vision_model if loaded.vision_model is not None else loaded.model
+    dequantize_model(target)
+    target.update(
+        tree_map(lambda a: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a, target.parameters())
+    )
+    mx.eval(target.parameters())

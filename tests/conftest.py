@@ -1,0 +1,11 @@
+"""Shared test set-up: import mlx_nb first so the fast BLAS (if any) is preloaded before MLX."""
+
+import mlx_nb  # noqa: F401  (must precede any mlx import)
+import pytest
+
+TINY_TEXT = ["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_text_names():
+    return list(TINY_TEXT)

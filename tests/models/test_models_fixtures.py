@@ -1,0 +1,56 @@
+"""Each tiny fixture loads through the real loading path with the expected cache layout."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mlx_nb.models import load_model
+
+EXPECTED_LAYOUT = {
+    "tiny-llama": ["KVCache", "KVCache"],
+    "tiny-qwen3.5": ["ArraysCache", "KVCache", "ArraysCache", "KVCache"],
+    "tiny-gemma3": ["RotatingKVCache", "KVCache", "RotatingKVCache", "KVCache"],
+    "tiny-falcon-h1": [["ArraysCache", "KVCache"], ["ArraysCache", "KVCache"]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_LAYOUT))
+def test_tiny_fixture_cache_layout(name):
+    loaded = load_model(name)
+    assert loaded.kind == "text"
+    assert loaded.cache_types() == EXPECTED_LAYOUT[name]
+    assert loaded.dtype == "float32"
+    assert "<|im_start|>" in loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+
+
+def test_gemma_fixture_window_is_small_enough_to_cross():
+    loaded = load_model("tiny-gemma3")
+    assert loaded.make_cache()[0].max_size == 8
+
+
+def test_qwen_fixture_template_is_strict():
+    tok = load_model("tiny-qwen3.5").tokenizer
+    with pytest.raises(Exception, match="System message must be at the beginning"):
+        tok.apply_chat_template(
+            [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], tokenize=False
+        )
+    with pytest.raises(Exception, match="alternate"):
+        tok.apply_chat_template(
+            [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], tokenize=False
+        )
+
+
+def test_engine_thread_of_a_hybrid_model_does_not_abort_the_process_at_exit(tmp_path):
+    # mlx 0.32 aborts at exit once a thread that ran compiled kernels has ended; engines avoid it.
+    code = (
+        "import mlx_nb\nfrom mlx_nb import Engine\n"
+        "e = Engine('tiny-qwen3.5', wait=True)\n"
+        "e.submit(prompt='hi', max_tokens=3).result()\ne.close()\n"
+        "e = Engine('tiny-qwen3.5', wait=True)\ne.close()\nprint('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ok"
