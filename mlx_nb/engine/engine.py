@@ -63,6 +63,7 @@ class Engine:
         self._started = time.time()
         self._peak_batch = 0
         self._memory = {"active_bytes": 0, "peak_bytes": 0}
+        self._runtime: Optional[dict] = None  # read on the engine thread: it asks MLX for the device
         self._ids = itertools.count(1)
         self._job = workers.start(self._run)
         if wait:
@@ -118,7 +119,9 @@ class Engine:
     def _load(self) -> None:
         from mlx_nb.engine.scheduler import BatchRunner
         from mlx_nb.models import load_model
+        from mlx_nb.runtime import runtime_info
 
+        self._runtime = runtime_info()
         loaded = load_model(self.model_name)
         unbatchable = [type(c).__name__ for c in loaded.make_cache() if not is_batchable(c)]
         if unbatchable:
@@ -250,15 +253,13 @@ class Engine:
 
     def status(self) -> dict:
         """Per engine and per request: phase, tokens, timings, batch size, memory, runtime."""
-        from mlx_nb.runtime import runtime_info
-
         base = {
             "model": self.model_name,
             "ready": self.ready,
             "loading": not self._ready.is_set(),
             "error": None if self._load_error is None else str(self._load_error),
             "uptime_s": time.time() - self._started,
-            "runtime": runtime_info() if self.ready else None,
+            "runtime": self._runtime,
         }
         if not self.ready or self._closed:
             return {**base, "requests": [], "batch_size": 0, "queue_length": 0}

@@ -104,6 +104,16 @@ def tiny_names() -> list[str]:
     return sorted(TINY_CONFIGS)
 
 
+def fingerprint(name: str) -> str:
+    """Changes whenever the fixture's definition does, so a stale cached build is never reused."""
+    import hashlib
+
+    from mlx_nb.models.tiny_tokenizer import SPECIAL_TOKENS
+
+    spec = json.dumps([TINY_CONFIGS[name], _TEMPLATES[name], WEIGHT_SCALE, SPECIAL_TOKENS], sort_keys=True)
+    return hashlib.sha256(spec.encode()).hexdigest()[:10]
+
+
 def build_tiny(name: str, dest: Path) -> Path:
     """Build fixture `name` into `dest` (atomically); returns `dest`."""
     if name not in TINY_CONFIGS:

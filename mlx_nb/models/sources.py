@@ -64,11 +64,11 @@ def resolve(name_or_path: str) -> Path:
     if name == DEFAULT_MODEL:
         return _from_gguf(_smollm2_gguf(), models_dir() / DEFAULT_MODEL)
     if name.startswith("tiny-"):
-        from mlx_nb.models.fixtures import build_tiny, tiny_names
+        from mlx_nb.models.fixtures import build_tiny, fingerprint, tiny_names
 
         if name not in tiny_names():
             raise _unknown(name)
-        return build_tiny(name, models_dir() / name)
+        return build_tiny(name, models_dir() / f"{name}-{fingerprint(name)}")
     path = Path(name).expanduser()
     if name.lower().endswith(".gguf"):
         if not path.is_file():

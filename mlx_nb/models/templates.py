@@ -40,7 +40,7 @@ STRICT_CHATML = (
     '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}\n</tool_call>'
     "{%- endfor %}{%- endif %}<|im_end|>\n"
     "{%- elif m.role == 'tool' %}"
-    "{%- set ns.last = 'user' %}"
+    "{%- set ns.last = 'tool' %}"
     "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
     "{%- else %}{{ raise_exception('Unexpected message role ' + m.role) }}"
     "{%- endif %}"

@@ -1,0 +1,85 @@
+"""A failing request fails alone; a failing step fails its batch, never the engine."""
+
+import pytest
+
+from mlx_nb.engine.types import RequestError
+
+
+def boom(tokens, logits):
+    raise ValueError("deliberate failure")
+
+
+def test_one_failing_request_in_a_batch_of_eight(llama_engine):
+    alone = [llama_engine.submit(prompt=f"p{i} " * (i + 1), max_tokens=12).result() for i in range(8)]
+    handles = [
+        llama_engine.submit(prompt=f"p{i} " * (i + 1), max_tokens=12, logits_processors=[boom] if i == 3 else None)
+        for i in range(8)
+    ]
+    results = [h.result(timeout=60) for h in handles]
+    assert results[3].finish_reason == "error"
+    assert "deliberate failure" in results[3].error
+    for i, r in enumerate(results):
+        if i != 3:
+            assert r.finish_reason == "length" and r.token_ids == alone[i].token_ids
+    assert llama_engine.submit(prompt="still here", max_tokens=3).result().finish_reason == "length"
+
+
+def test_a_step_that_raises_fails_its_batch_and_the_engine_goes_on(llama_engine):
+    import mlx.core as mx
+
+    def wrong_shape(tokens, logits):
+        return mx.zeros((3, 3))  # breaks the batched concatenate inside the step
+
+    bad = llama_engine.submit(prompt="x", max_tokens=8, logits_processors=[wrong_shape])
+    r = bad.result(timeout=60)
+    assert r.finish_reason == "error" and "batch step failed" in r.error
+    assert any(e["kind"] == "error" for e in llama_engine.events())
+    after = llama_engine.submit(prompt="hello", max_tokens=4).result(timeout=60)
+    assert after.finish_reason == "length" and len(after.token_ids) == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 10**7}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"logprobs": 99}, "logprobs"),
+        ({"stop": [""]}, "stop"),
+    ],
+)
+def test_bad_sampling_is_refused_at_submit_naming_the_field(llama_engine, kwargs, field):
+    with pytest.raises(RequestError) as err:
+        llama_engine.submit(prompt="x", **kwargs)
+    assert err.value.field == field
+
+
+def test_prompt_longer_than_the_context_is_refused(llama_engine):
+    with pytest.raises(RequestError, match="shorten"):
+        llama_engine.submit(prompt="word " * 5000, max_tokens=4)
+
+
+def test_template_error_is_a_request_error():
+    from mlx_nb import Engine
+
+    with Engine("tiny-qwen3.5", wait=True) as eng:
+        call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+        with pytest.raises(RequestError, match="chat template rejected.*alternate"):
+            eng.submit(messages=[{"role": "user", "content": "u"},
+                                 {"role": "assistant", "content": None, "tool_calls": [call]},
+                                 {"role": "assistant", "content": None, "tool_calls": [call]}])
+        with pytest.raises(RequestError, match="text-only"):
+            eng.submit(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+        ok = eng.submit(messages=[{"role": "system", "content": "s"}, {"role": "system", "content": "t"},
+                                  {"role": "user", "content": "u"}, {"role": "user", "content": "v"}], max_tokens=3)
+        assert ok.result().finish_reason in ("length", "stop")
+
+
+def test_logprobs_top_k(llama_engine):
+    r = llama_engine.submit(prompt="hello", max_tokens=3, logprobs=4).result()
+    assert len(r.logprobs) == 3
+    for lp in r.logprobs:
+        assert len(lp.top) == 4
+        assert lp.top[0][1] >= lp.top[-1][1]
+        assert abs(lp.logprob - lp.top[0][1]) < 1e-5  # greedy picks the most likely token

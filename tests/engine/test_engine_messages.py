@@ -1,0 +1,117 @@
+"""Message normalization (seeds 000, 001, 003) against the Qwen-strict template of tiny-qwen3.5."""
+
+import pytest
+
+from mlx_nb.engine.messages import normalize_messages
+from mlx_nb.engine.prompts import render_chat
+from mlx_nb.engine.types import RequestError
+from mlx_nb.models import load_model
+
+IMG = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+CASES = [
+    (
+        "developer role becomes system",
+        [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+    ),
+    (
+        "system in the middle is hoisted and merged",
+        [
+            {"role": "system", "content": "A"},
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "a1"},
+            {"role": "system", "content": "B"},
+            {"role": "user", "content": "q2"},
+        ],
+        [
+            {"role": "system", "content": "A\n\nB"},
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "q2"},
+        ],
+    ),
+    (
+        "system+system+user+user (what OpenCode sends)",
+        [
+            {"role": "system", "content": "s1"},
+            {"role": "system", "content": "s2"},
+            {"role": "user", "content": "u1"},
+            {"role": "user", "content": "u2"},
+        ],
+        [{"role": "system", "content": "s1\n\ns2"}, {"role": "user", "content": "u1\n\nu2"}],
+    ),
+    (
+        "tool turns keep their native form, arguments as dicts",
+        [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "get", "arguments": '{"city": "Paris"}'}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "user", "content": "thanks"},
+        ],
+        [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"id": "c1", "type": "function",
+                             "function": {"name": "get", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "user", "content": "thanks"},
+        ],
+    ),
+    (
+        "multimodal list content is concatenated with images kept in place",
+        [
+            {"role": "user", "content": [{"type": "text", "text": "look"}, IMG]},
+            {"role": "user", "content": "and this"},
+        ],
+        [
+            {"role": "user", "content": [{"type": "text", "text": "look"}, IMG,
+                                         {"type": "text", "text": "\n\n"}, {"type": "text", "text": "and this"}]},
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("label,given,want", CASES, ids=[c[0] for c in CASES])
+def test_normalize(label, given, want):
+    assert normalize_messages(given) == want
+
+
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ([], "messages"),
+        ("hi", "messages"),
+        ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+        ([{"role": "user", "content": 42}], "messages[0].content"),
+        ([{"role": "user"}], "messages[0].content"),
+    ],
+)
+def test_bad_messages_name_the_field(bad, field):
+    with pytest.raises(RequestError) as err:
+        normalize_messages(bad)
+    assert err.value.field == field
+    assert "\n" not in str(err.value)
+
+
+def test_strict_template_accepts_every_normalized_case_and_keeps_all_turns():
+    tok = load_model("tiny-qwen3.5").tokenizer
+    for label, given, _ in CASES[:4]:
+        text = render_chat(tok, normalize_messages(given))
+        assert text.endswith("<|im_start|>assistant\n"), label
+    convo = CASES[1][1]
+    text = render_chat(tok, normalize_messages(convo))
+    for needle in ("A\n\nB", "q1", "a1", "q2"):
+        assert needle in text
+    assert text.index("A\n\nB") < text.index("q1") < text.index("a1") < text.index("q2")
+
+
+def test_unnormalized_conversation_is_what_the_strict_template_rejects():
+    tok = load_model("tiny-qwen3.5").tokenizer
+    with pytest.raises(Exception, match="System message"):
+        tok.apply_chat_template(CASES[1][1], tokenize=False)
