@@ -51,9 +51,10 @@ class MLXCallWatcher:
 
 
 def test_64_requests_from_threads_and_asyncio_only_touch_mlx_on_the_engine_thread():
-    # The engine thread is started inside the watcher, so the hook is installed on it too.
     with MLXCallWatcher() as watcher:
         engine = Engine("tiny-llama", max_batch=32, wait=True)
+        # Engine threads are long-lived (and may predate the watcher): hook this one explicitly.
+        engine._call(lambda: sys.setprofile(watcher._hook))
         try:
             engine_thread = engine._job.thread.name
 
@@ -75,6 +76,7 @@ def test_64_requests_from_threads_and_asyncio_only_touch_mlx_on_the_engine_threa
             tasked = asyncio.run(main())
             status = engine.status()
         finally:
+            engine._call(lambda: sys.setprofile(None))
             engine.close()
     results = threaded + tasked
     assert len(results) == 64
