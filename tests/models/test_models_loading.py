@@ -1,0 +1,86 @@
+"""load_model: the real default model offline, and one-line errors for every bad input."""
+
+import shutil
+
+import pytest
+
+from mlx_nb.models import ModelNotFoundError, load_model
+from mlx_nb.models.gguf import GGUFError
+from mlx_nb.models.sources import _smollm2_gguf
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("smollm2-135m-instruct")
+
+
+def test_default_model_answers_paris_offline(smollm2):
+    from mlx_lm import generate
+
+    assert smollm2.kind == "text" and smollm2.dtype == "float32"
+    assert smollm2.cache_types() == ["KVCache"] * 30
+    prompt = smollm2.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+    )
+    assert "Paris" in generate(smollm2.model, smollm2.tokenizer, prompt, max_tokens=16)
+
+
+def one_line(exc) -> str:
+    text = str(exc)
+    assert "\n" not in text and len(text) < 400, text
+    return text
+
+
+@pytest.mark.parametrize(
+    "name,needle",
+    [
+        ("no-such-model", "unknown model"),
+        ("tiny-nonexistent", "unknown model"),
+        ("./missing/dir", "not found"),
+        ("/nonexistent/model.gguf", "not found"),
+        ("", "empty model name"),
+    ],
+)
+def test_bad_names_fail_with_one_line(name, needle):
+    with pytest.raises(ModelNotFoundError) as err:
+        load_model(name)
+    assert needle in one_line(err.value)
+
+
+def test_hub_id_offline_fails_fast_listing_offline_models(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelNotFoundError) as err:
+        load_model("someorg/some-model-7b")
+    msg = one_line(err.value)
+    assert "offline" in msg and "smollm2-135m-instruct" in msg and "tiny-llama" in msg
+
+
+def test_corrupt_and_truncated_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_NB_HOME", str(tmp_path / "home"))
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("not a model")
+    truncated = tmp_path / "truncated.gguf"
+    with open(_smollm2_gguf(), "rb") as src:
+        truncated.write_bytes(src.read(2_000_000))
+    for path in (junk, truncated):
+        with pytest.raises(GGUFError) as err:
+            load_model(str(path))
+        assert "GGUF" in one_line(err.value)
+    models = tmp_path / "home" / "models"
+    assert not models.exists() or not any(models.iterdir()), "a failed conversion left files behind"
+
+
+def test_local_directory_without_config(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        load_model(str(tmp_path / "m"))
+
+
+def test_gguf_path_is_converted_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_NB_HOME", str(tmp_path / "home"))
+    copy = tmp_path / "smol.gguf"
+    shutil.copy(_smollm2_gguf(), copy)
+    first = load_model(str(copy))
+    second = load_model(str(copy))
+    assert first.path == second.path and first.path.parent == tmp_path / "home" / "models"
