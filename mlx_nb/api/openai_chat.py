@@ -1,0 +1,315 @@
+"""OpenAI Chat Completions: request JSON -> engine kwargs, engine Result -> response JSON.
+
+The streaming translator lives in `openai_chat_stream.py` (re-exported here). Decisions:
+- Messages reach the engine as plain dicts; the engine normalizes roles (developer -> system,
+  merging). Assistant `tool_calls[].function.arguments` JSON strings become dicts at validation
+  (chat templates iterate them), so malformed arguments are a 400 from `parse_chat_request`.
+- `max_tokens` / `max_completion_tokens` left out means the engine's default budget.
+- `tool_choice: "none"` withholds the tools from the prompt and skips tool-call parsing;
+  "required" and named functions cannot be enforced without constrained decoding and act as "auto".
+- `response_format` json_object / json_schema: the engine has no constrained decoding, so the
+  format becomes a system instruction (with the schema, if any), and the reply is checked after
+  generation. Invalid JSON is still returned as generated (the tokens were spent and the text may
+  be fixable); the choice then carries a non-standard `json_error` string saying why it failed to
+  parse. The schema itself is not validated against.
+- `frequency_penalty` / `presence_penalty` / `user` / `metadata` etc. are accepted and ignored;
+  `n` != 1, a non-empty `logit_bias` and the pre-`tools` `functions` field are rejected, since
+  silently ignoring them changes results.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Literal, Optional, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from mlx_nb.api.errors import server_error
+from mlx_nb.api.ids import prefixed_id
+from mlx_nb.api.openai_chat_stream import ChatStream, json_error
+from mlx_nb.api.openai_common import chat_logprobs, finish_reason, usage_dict
+from mlx_nb.api.request_common import (
+    SamplingFields,
+    WireModel,
+    check_max_tokens,
+    check_model,
+    engine_logprobs,
+    load_body,
+    sampling_kwargs,
+    validate,
+)
+from mlx_nb.api.tool_calls import ToolParser, openai_tool_call, split_tool_calls
+from mlx_nb.engine.types import Result
+
+__all__ = [
+    "ChatRequest",
+    "ChatStream",
+    "chat_completion",
+    "chat_engine_kwargs",
+    "chat_response",
+    "parse_chat_request",
+    "parse_tool_calls",
+]
+
+
+class ImageURL(WireModel):
+    url: str
+    detail: Optional[str] = None
+
+
+class ContentPart(WireModel):
+    """One flat model rather than a tagged union, so a bad part gets a plain error path."""
+
+    type: Literal["text", "image_url"]
+    text: Optional[str] = None
+    image_url: Optional[ImageURL] = None
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _url_string(cls, v: Any) -> Any:
+        return {"url": v} if isinstance(v, str) else v  # some clients send the bare URL
+
+    @model_validator(mode="after")
+    def _has_payload(self) -> "ContentPart":
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text part needs a 'text' string")
+        if self.type == "image_url" and self.image_url is None:
+            raise ValueError("an image_url part needs 'image_url': {'url': ...}")
+        return self
+
+
+class FunctionCall(WireModel):
+    name: str
+    arguments: Union[dict, str] = {}
+
+    @field_validator("arguments")
+    @classmethod
+    def _as_dict(cls, v: Union[dict, str]) -> dict:
+        """Clients send a JSON string; chat templates iterate a dict. Bad JSON is the client's 400."""
+        if isinstance(v, dict):
+            return v
+        try:
+            parsed = json.loads(v) if v.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("must be a JSON object")
+        return parsed
+
+
+class ToolCall(WireModel):
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(WireModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> "Message":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (a string or a list of parts)")
+        return self
+
+
+class FunctionDef(WireModel):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict] = None
+    strict: Optional[bool] = None
+
+
+class Tool(WireModel):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ResponseFormat(WireModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[dict] = None
+
+
+class StreamOptions(WireModel):
+    include_usage: bool = False
+
+
+class ChatRequest(SamplingFields):
+    model: Optional[str] = None
+    messages: list[Message]
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    stream_options: Optional[StreamOptions] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict, None] = None
+    response_format: Optional[ResponseFormat] = None
+    logit_bias: Optional[dict] = None
+    functions: Optional[list] = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _non_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("messages must hold at least one message")
+        return v
+
+    @field_validator("functions")
+    @classmethod
+    def _no_functions(cls, v: Optional[list]) -> Optional[list]:
+        if v:
+            raise ValueError("the deprecated 'functions' field is not supported: send 'tools' instead")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: Optional[dict]) -> Optional[dict]:
+        if v:
+            raise ValueError("logit_bias is not supported by this server")
+        return v
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> "ChatRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs: true")
+        return self
+
+    @property
+    def budget(self) -> Optional[int]:
+        """The completion budget; the newer `max_completion_tokens` wins over `max_tokens`."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def wants_tools(self) -> bool:
+        """Tools were offered and not switched off: parse tool-call markup in the reply."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def json_mode(self) -> bool:
+        return self.response_format is not None and self.response_format.type != "text"
+
+
+def parse_chat_request(
+    body: Union[dict, bytes, str],
+    *,
+    model_names: Optional[Iterable[str]] = None,
+    context_length: Optional[int] = None,
+) -> ChatRequest:
+    """Validate a request body; every problem is an `APIError` (400, or 404 for an unknown model)."""
+    req = validate(ChatRequest, load_body(body))
+    check_model(req.model, model_names)
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    check_max_tokens(req.budget, context_length, param)
+    return req
+
+
+def chat_engine_kwargs(req: ChatRequest) -> dict[str, Any]:
+    """Keyword arguments for `engine.submit(...)`."""
+    messages = [_message_dict(m) for m in req.messages]
+    if req.json_mode:
+        lead = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), len(messages))
+        messages.insert(lead, {"role": "system", "content": _json_instruction(req.response_format)})
+    kwargs: dict[str, Any] = {"messages": messages, **sampling_kwargs(req)}
+    if req.budget is not None:
+        kwargs["max_tokens"] = req.budget
+    kwargs["logprobs"] = engine_logprobs(bool(req.logprobs), req.top_logprobs)
+    kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools] if req.wants_tools else None
+    return kwargs
+
+
+def parse_tool_calls(
+    text: str,
+    tools: Optional[list] = None,
+    parser: Optional[ToolParser] = None,
+    markers: Optional[tuple[str, str]] = None,
+) -> tuple[str, list[dict]]:
+    """(content with the tool-call markup removed, OpenAI `tool_calls` entries)."""
+    content, calls = split_tool_calls(text, tools, parser, markers)
+    return content, [openai_tool_call(c) for c in calls]
+
+
+def chat_completion(
+    result: Result,
+    *,
+    model: str,
+    created: int,
+    tool_calls: Optional[list[dict]] = None,
+    content: Optional[str] = None,
+    top_logprobs: Optional[int] = None,
+    json_mode: bool = False,
+) -> dict:
+    """The `chat.completion` body. `content` overrides `result.text` (e.g. with tool markup removed)."""
+    if result.finish_reason == "error":
+        raise server_error(result.error or "generation failed")
+    text = result.text if content is None else content
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+        if not text.strip():
+            message["content"] = None
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": finish_reason(result.finish_reason, tool_calls=bool(tool_calls)),
+        "logprobs": chat_logprobs(result.logprobs, top_logprobs),
+    }
+    if json_mode and (problem := json_error(text)):
+        choice["json_error"] = problem
+    return {
+        "id": prefixed_id("chatcmpl-", result.request_id),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage_dict(result.usage),
+    }
+
+
+def chat_response(
+    req: ChatRequest,
+    result: Result,
+    *,
+    model: str,
+    created: int,
+    tool_parser: Optional[ToolParser] = None,
+    tool_markers: Optional[tuple[str, str]] = None,
+) -> dict:
+    """The whole non-stream path for a parsed request: tool calls, logprob trimming, JSON check."""
+    content, calls = result.text, []
+    if req.wants_tools:
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        content, calls = parse_tool_calls(result.text, tools, tool_parser, tool_markers)
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    return chat_completion(
+        result,
+        model=model,
+        created=created,
+        tool_calls=calls or None,
+        content=content,
+        top_logprobs=top,
+        json_mode=req.json_mode,
+    )
+
+
+def _message_dict(m: Message) -> dict:
+    out = m.model_dump(exclude_none=True)
+    if m.content is None:
+        out["content"] = ""  # an assistant turn that only calls tools
+    return out
+
+
+def _json_instruction(fmt: ResponseFormat) -> str:
+    text = "Respond with one valid JSON object and nothing else: no prose, no markdown code fences."
+    schema = (fmt.json_schema or {}).get("schema") if fmt.type == "json_schema" else None
+    if schema:
+        text += " The object must conform to this JSON schema:\n" + json.dumps(schema, ensure_ascii=False)
+    return text

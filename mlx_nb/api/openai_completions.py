@@ -1,0 +1,167 @@
+"""OpenAI legacy Completions (`/v1/completions`): raw prompt in, `text_completion` out.
+
+One prompt string per request (a one-element list is accepted); token-id prompts, `echo`,
+`suffix`, `best_of` > 1 and `n` > 1 are rejected with a 400 rather than silently ignored.
+`logprobs: k` asks for the chosen token's logprob plus k alternatives (OpenAI's meaning).
+A missing `max_tokens` means the engine's default budget (OpenAI's own default is 16).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Union
+
+from pydantic import Field, field_validator
+
+from mlx_nb.api.errors import server_error
+from mlx_nb.api.ids import prefixed_id
+from mlx_nb.api.openai_common import completion_logprobs, error_chunk, finish_reason, usage_dict
+from mlx_nb.api.request_common import (
+    SamplingFields,
+    WireModel,
+    check_max_tokens,
+    check_model,
+    engine_logprobs,
+    load_body,
+    sampling_kwargs,
+    validate,
+)
+from mlx_nb.engine.types import Delta, Result
+
+
+class StreamOptions(WireModel):
+    include_usage: bool = False
+
+
+class CompletionRequest(SamplingFields):
+    model: Optional[str] = None
+    prompt: str
+    max_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    stream_options: Optional[StreamOptions] = None
+    echo: Optional[bool] = None
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if any(isinstance(x, int) or isinstance(x, list) for x in v):
+                raise ValueError("token-id prompts are not supported: send the prompt as text")
+            if len(v) != 1:
+                raise ValueError("send exactly one prompt string per request")
+            v = v[0]
+        if v == "":
+            raise ValueError("the prompt is empty")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: Optional[bool]) -> Optional[bool]:
+        if v:
+            raise ValueError("echo is not supported by this server")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: Optional[str]) -> Optional[str]:
+        if v:
+            raise ValueError("suffix (fill-in-the-middle) is not supported by this server")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v != 1:
+            raise ValueError("only best_of=1 is supported")
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+def parse_completion_request(
+    body: Union[dict, bytes, str],
+    *,
+    model_names: Optional[Iterable[str]] = None,
+    context_length: Optional[int] = None,
+) -> CompletionRequest:
+    req = validate(CompletionRequest, load_body(body))
+    check_model(req.model, model_names)
+    check_max_tokens(req.max_tokens, context_length)
+    return req
+
+
+def completion_engine_kwargs(req: CompletionRequest) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"prompt": req.prompt, **sampling_kwargs(req)}
+    if req.max_tokens is not None:
+        kwargs["max_tokens"] = req.max_tokens
+    kwargs["logprobs"] = engine_logprobs(req.logprobs is not None, req.logprobs)
+    kwargs["tools"] = None
+    return kwargs
+
+
+def completion_response(result: Result, *, model: str, created: int, top_logprobs: Optional[int] = None) -> dict:
+    """The `text_completion` body; `top_logprobs` trims alternatives to the request's `logprobs`."""
+    if result.finish_reason == "error":
+        raise server_error(result.error or "generation failed")
+    choice = {
+        "index": 0,
+        "text": result.text,
+        "finish_reason": finish_reason(result.finish_reason),
+        "logprobs": completion_logprobs(result.logprobs, top_logprobs),
+    }
+    return {
+        "id": prefixed_id("cmpl-", result.request_id),
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage_dict(result.usage),
+    }
+
+
+class CompletionStream:
+    """Deltas -> `text_completion` chunks: text pieces, a finish chunk, then usage if asked."""
+
+    def __init__(
+        self, model: str, created: int, request_id: str, include_usage: bool = False, top_logprobs: Optional[int] = None
+    ):
+        self.model = model
+        self.created = created
+        self.id = prefixed_id("cmpl-", request_id)
+        self.include_usage = include_usage
+        self.top_logprobs = top_logprobs
+        self.offset = 0  # text_offset of the next token, across chunks
+        self.done = False
+
+    @classmethod
+    def for_request(cls, req: CompletionRequest, *, model: str, created: int, request_id: str) -> "CompletionStream":
+        return cls(model, created, request_id, req.include_usage, req.logprobs)
+
+    def feed(self, delta: Delta) -> list[dict]:
+        if self.done:
+            return []
+        if delta.error or delta.finish_reason == "error":
+            self.done = True
+            return [error_chunk(delta.error or "generation failed")]
+        out = []
+        if delta.text or delta.logprobs or delta.finish_reason is not None:
+            logprobs = completion_logprobs(delta.logprobs, self.top_logprobs, self.offset)
+            self.offset += sum(len(lp.token) for lp in delta.logprobs)
+            choice = {
+                "index": 0,
+                "text": delta.text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(delta.finish_reason),
+            }
+            out.append({**self._envelope(), "choices": [choice]})
+        if delta.finish_reason is not None:
+            self.done = True
+            if self.include_usage:
+                out.append({**self._envelope(), "choices": [], "usage": usage_dict(delta.usage)})
+        return out
+
+    def _envelope(self) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}

@@ -1,0 +1,114 @@
+"""What every wire request shares: a JSON body, a model name, a token budget, sampling knobs.
+
+Checks live here once so chat, completions and messages reject the same mistakes with the same
+words. Sampling ranges follow OpenAI's documented limits; `top_k`, `min_p` and
+`repetition_penalty` are the common extensions (vLLM, llama.cpp, mlx_lm.server) clients send.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Optional, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mlx_nb.api.errors import APIError, from_validation_error, invalid_request, model_not_found
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class WireModel(BaseModel):
+    """Base for request models: unknown fields are ignored, as the real APIs' SDKs add new ones."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+def load_body(body: Union[dict, bytes, str]) -> dict:
+    """The request as a dict; malformed JSON or a non-object body is a 400 that says so."""
+    if isinstance(body, (bytes, bytearray, str)):
+        try:
+            body = json.loads(body)
+        except UnicodeDecodeError:
+            raise invalid_request("request body is not UTF-8 text") from None
+        except json.JSONDecodeError as exc:
+            raise invalid_request(
+                f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ) from None
+    if not isinstance(body, dict):
+        raise invalid_request(f"request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def validate(model: type[M], data: dict) -> M:
+    """`model.model_validate(data)` with pydantic's errors turned into a one-line 400."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, data) from None
+
+
+def check_model(name: Optional[str], model_names: Optional[Iterable[str]]) -> None:
+    """An omitted model means "whatever is loaded"; a named one must be servable (else 404)."""
+    if name is None or model_names is None:
+        return
+    names = list(model_names)
+    if names and name not in names:
+        raise model_not_found(name, names)
+
+
+def check_max_tokens(value: Optional[int], context_length: Optional[int], param: str = "max_tokens") -> None:
+    """A budget larger than the whole context can never be honoured: say so before queueing."""
+    if value is not None and context_length and value > context_length:
+        raise APIError(
+            400,
+            f"{param} is {value}, but this model's context length is {context_length} tokens",
+            "invalid_request_error",
+            param,
+            "context_length_exceeded",
+        )
+
+
+def stop_list(stop: Union[str, list[str], None]) -> list[str]:
+    """`stop` may be one string or a list; empty strings would stop at once, so they are dropped."""
+    if stop is None:
+        return []
+    return [s for s in ([stop] if isinstance(stop, str) else stop) if s]
+
+
+class SamplingFields(WireModel):
+    """Sampling fields shared by the two OpenAI routes (Anthropic names some differently)."""
+
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=-1)  # -1 is vLLM's "disabled"; 0 is ours
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = None
+    n: Optional[int] = None
+    stream: bool = False
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v != 1:
+            raise ValueError("only n=1 is supported: send one request per choice")
+        return v
+
+
+def sampling_kwargs(req: SamplingFields) -> dict[str, Any]:
+    """Engine kwargs for the sampling fields the client set; unset ones keep the engine's defaults."""
+    out: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "seed"):
+        if (value := getattr(req, name)) is not None:
+            out[name] = value
+    if req.top_k is not None:
+        out["top_k"] = max(req.top_k, 0)
+    out["stop"] = stop_list(req.stop)
+    return out
+
+
+def engine_logprobs(requested: bool, top: Optional[int]) -> int:
+    """The engine's `logprobs` is "how many alternatives; 0 = none", so a request for the chosen
+    token's logprob alone asks for one alternative, and the response trims it back to `top`."""
+    return max(top or 0, 1) if requested else 0
