@@ -24,6 +24,7 @@ from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.layout import describe_layers, is_batchable
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.messages import normalize_messages
+from mlx_nb.engine.prefix import segment_boundaries
 from mlx_nb.engine.prompts import encode_prompt, render_chat
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
@@ -46,6 +47,8 @@ class Engine:
         max_batch: int = 32,
         prefill_batch: int = 8,
         prefill_step_size: int = 512,
+        prefix_cache: bool = True,
+        prefix_cache_bytes: Optional[int] = None,
         event_capacity: int = 4096,
         wait: bool = False,
     ):
@@ -53,6 +56,7 @@ class Engine:
 
         self.model_name = model or DEFAULT_MODEL
         self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size)
+        self.prefix_options = dict(enabled=prefix_cache, max_bytes=prefix_cache_bytes)
         self.event_log = EventLog(event_capacity)
         self.loaded = None
         self._runner = None
@@ -117,6 +121,7 @@ class Engine:
                 self._after_step()
 
     def _load(self) -> None:
+        from mlx_nb.engine.prefix import PrefixCache
         from mlx_nb.engine.scheduler import BatchRunner
         from mlx_nb.models import load_model
         from mlx_nb.runtime import runtime_info
@@ -130,7 +135,10 @@ class Engine:
                 "load a model without quantized/chunked KV caches"
             )
         self.loaded = loaded
-        self._runner = BatchRunner(loaded, self.event_log, **self.options)
+        prefix = None
+        if self.prefix_options["enabled"]:
+            prefix = PrefixCache(self.model_name, self.prefix_options["max_bytes"])
+        self._runner = BatchRunner(loaded, self.event_log, prefix=prefix, **self.options)
 
     def _handle(self, cmd: tuple) -> bool:
         kind = cmd[0]
@@ -214,7 +222,7 @@ class Engine:
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
                           chat_template_kwargs=dict(chat_template_kwargs or {}))
-        tokens = self._prompt_tokens(request)
+        tokens, boundaries = self._prompt_tokens(request)
         if len(tokens) >= context:
             raise RequestError(
                 f"the prompt is {len(tokens)} tokens but {self.model_name} holds {context}: shorten the conversation",
@@ -228,20 +236,28 @@ class Engine:
             prompt_tokens=tokens,
             stream=TextStream(self.loaded.tokenizer, sampling.stop),
             logits_processors=list(logits_processors or []),
+            extra={"boundaries": boundaries},
         )
         self._commands.put(("submit", live))
         return handle
 
-    def _prompt_tokens(self, request: Request) -> list[int]:
+    def _prompt_tokens(self, request: Request) -> tuple[list[int], list[int]]:
+        """Prompt token ids, and the segment ends worth a prefix-cache snapshot."""
         tok = self.loaded.tokenizer
-        if request.messages is not None:
-            messages = normalize_messages(request.messages)
-            request.messages = messages
-            text = render_chat(tok, messages, request.tools, request.chat_template_kwargs)
+        if request.messages is None:
+            if not isinstance(request.prompt, str):
+                raise RequestError("prompt must be a string", "prompt")
+            return encode_prompt(tok, request.prompt, chat=False), []
+        messages = normalize_messages(request.messages)
+        request.messages = messages
+
+        def render(msgs, add_generation_prompt=True):
+            text = render_chat(tok, msgs, request.tools, request.chat_template_kwargs, add_generation_prompt)
             return encode_prompt(tok, text, chat=True)
-        if not isinstance(request.prompt, str):
-            raise RequestError("prompt must be a string", "prompt")
-        return encode_prompt(tok, request.prompt, chat=False)
+
+        tokens = render(messages)
+        boundaries = segment_boundaries(render, messages, tokens) if self.prefix_options["enabled"] else []
+        return tokens, boundaries
 
     def generate(self, messages: Optional[list] = None, prompt: Optional[str] = None, **kwargs):
         """Submit and wait: the finished Result."""
@@ -282,6 +298,7 @@ class Engine:
             "tokens_per_s": runner.generated_tokens / uptime if uptime else 0.0,
             "memory": dict(self._memory),
             "options": dict(self.options),
+            "prefix_cache": runner.prefix.status() if runner.prefix else {"enabled": False},
             "requests": requests,
         }
 

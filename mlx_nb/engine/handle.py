@@ -111,4 +111,5 @@ class RequestHandle:
             token_ids=token_ids,
             logprobs=logprobs,
             error=last.error,
+            matched_stop=last.matched_stop,
         )

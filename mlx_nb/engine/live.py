@@ -54,7 +54,10 @@ class LiveRequest:
             return
         self.phase = "done"
         self.finished_at = time.perf_counter()
-        self.handle.push(Delta(self.id, text=text, finish_reason=reason, error=error, usage=self.usage()))
+        self.handle.push(
+            Delta(self.id, text=text, finish_reason=reason, error=error, usage=self.usage(),
+                  matched_stop=self.stream.matched_stop)
+        )
 
     def status(self) -> dict[str, Any]:
         now = time.perf_counter()

@@ -23,6 +23,7 @@ def render_chat(
     messages: list[dict],
     tools: Optional[list] = None,
     template_kwargs: Optional[dict] = None,
+    add_generation_prompt: bool = True,
 ) -> str:
     """The prompt text for a normalized conversation; template errors become RequestErrors."""
     if has_images(messages):
@@ -33,7 +34,7 @@ def render_chat(
         return tokenizer.apply_chat_template(
             flatten_text(messages),
             tools=tools or None,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             tokenize=False,
             **(template_kwargs or {}),
         )

@@ -33,8 +33,10 @@ class BatchRunner:
         max_batch: int = 32,
         prefill_batch: int = 8,
         prefill_step_size: int = 512,
+        prefix=None,
     ):
         self.loaded = loaded
+        self.prefix = prefix  # a PrefixCache, or None when reuse is off
         self.events = events
         self.max_batch = max_batch
         self.prefill_batch = 1 if loaded.config.get("model_type") in PADDING_UNSAFE else prefill_batch
@@ -68,12 +70,26 @@ class BatchRunner:
         return list(self.by_uid.values())
 
     # -- admission ---------------------------------------------------------------------------
+    def _reuses_prefix(self, live: LiveRequest) -> bool:
+        return self.prefix is not None and not live.extra.get("no_prefix_cache")
+
     def admit(self, live: LiveRequest, caches: Optional[list] = None, all_tokens: Optional[list] = None) -> None:
+        """Insert a request, starting from `caches` (holding `all_tokens`) or a prefix-cache hit."""
         p = live.request.sampling
+        prompt = live.prompt_tokens
+        if caches is None and self._reuses_prefix(live):
+            # The last prompt token is always computed: its logits give the first new token.
+            hit, cached, kind = self.prefix.lookup(prompt[:-1])
+            live.extra["prefix_hit"] = kind
+            if hit is not None:
+                caches, all_tokens, live.cached_tokens = hit, prompt[:cached], cached
+        start = len(all_tokens or [])
+        # Segment ends (system prompt, conversation before the reply) become prefix-cache snapshots.
+        cuts = [b for b in live.extra.get("boundaries", ()) if b > start] if self._reuses_prefix(live) else []
+        edges = [start, *cuts, len(prompt)]
         procs = [self._guard(live, fn) for fn in logits_processors(p, live.logits_processors)]
-        prompt = live.prompt_tokens[len(all_tokens or []):]
-        (uid,) = self._bg.insert(
-            prompts=[prompt],
+        (uid,) = self._bg.insert_segments(
+            segments=[[prompt[a:b] for a, b in zip(edges, edges[1:])]],
             max_tokens=[p.max_tokens],
             caches=[caches] if caches is not None else None,
             all_tokens=[list(all_tokens or [])],
@@ -90,6 +106,7 @@ class BatchRunner:
             [live.id],
             prompt_tokens=len(live.prompt_tokens),
             cached_tokens=live.cached_tokens,
+            prefix_hit=live.extra.get("prefix_hit"),
             cache_types=[cache_type_name(c) for c in caches] if caches else None,
         )
 
@@ -142,6 +159,14 @@ class BatchRunner:
         else:
             live.phase = "prefill"
             self.events.publish("prefill", self.steps, [live.id], done=done, total=total)
+            if r.end_of_segment and self._reuses_prefix(live):
+                self._snapshot(live)
+
+    def _snapshot(self, live: LiveRequest) -> None:
+        found = self._bg.extract_cache([live.uid])
+        if live.uid in found:
+            cache, tokens = found[live.uid]
+            self.prefix.store(list(tokens), cache, "user")  # tokens is a live list upstream: copy
 
     def _on_token(self, r) -> None:
         live = self.by_uid.get(r.uid)
@@ -149,6 +174,8 @@ class BatchRunner:
             return
         live.generated += 1
         self.generated_tokens += 1
+        if r.finish_reason is not None and self._reuses_prefix(live) and r.prompt_cache is not None:
+            self.prefix.store(list(r.all_tokens), r.prompt_cache, "assistant")
         if r.finish_reason == "stop":  # a stop token: never sent as content
             self._finish(live, "stop", live.stream.finish())
             return

@@ -48,6 +48,7 @@ class Delta:
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
     usage: Optional[Usage] = None
+    matched_stop: Optional[str] = None  # the stop string that ended the reply, if one did
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Result:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     error: Optional[str] = None
+    matched_stop: Optional[str] = None
 
 
 @dataclass

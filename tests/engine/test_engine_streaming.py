@@ -33,7 +33,7 @@ def test_stop_string_straddling_deltas_is_cut(llama_engine):
         llama_engine.submit(prompt="x", max_tokens=64, stop=["好,"], logits_processors=[forcing(ids)])
     )
     assert "".join(d.text for d in deltas) == "🙂 你"
-    assert deltas[-1].finish_reason == "stop"
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].matched_stop == "好,"
     assert all("好" not in d.text for d in deltas)
 
 
