@@ -1,0 +1,124 @@
+"""The benchmark: this project against mlx_lm.server (and optional peers), measured in one run.
+
+    .venv/bin/python bench/run.py            # writes bench/results/latest.md and throughput.png
+
+Every number that matters is a ratio between systems measured minutes apart on the same machine:
+absolute numbers are not comparable across runs or machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+import mlx_nb  # noqa: E402  (preloads the fast BLAS before MLX)
+
+import limits  # noqa: E402
+import prefix  # noqa: E402
+import servers  # noqa: E402
+import workload  # noqa: E402
+
+RESULTS = HERE / "results"
+MODEL = "smollm2-135m-instruct"
+
+
+def export_dense(loaded, dtype: str, dest: Path) -> Path:
+    """The default model as a plain dense MLX directory (what mlx_lm.server is given)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import save_config, save_model
+
+    if (dest / "config.json").exists():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = loaded.model
+    cast = getattr(mx, dtype)
+    model.update(tree_map(lambda a: a.astype(cast) if mx.issubdtype(a.dtype, mx.floating) else a, model.parameters()))
+    save_model(tmp, model)
+    config = {k: v for k, v in loaded.config.items() if k not in ("quantization", "quantization_config")}
+    save_config(config, tmp / "config.json")
+    for f in loaded.path.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+            shutil.copy(f, tmp / f.name)
+    tmp.rename(dest)
+    return dest
+
+
+def measure(server, levels, max_tokens, extras: bool) -> dict:
+    out = {"name": server.name, "levels": {}}
+    workload.concurrent(server, 1, 8)  # warm-up: JIT kernels, caches
+    for n in levels:
+        out["levels"][n] = workload.concurrent(server, n, max_tokens)
+        print(f"  {server.name} N={n}: {out['levels'][n]['agg_tps']:.1f} tok/s", flush=True)
+    if extras:
+        out["prefix"] = prefix.shared_prefix_ttft(server)
+        out["turns"] = prefix.turn_costs(server)
+        out["interference"] = prefix.long_prompt_interference(server)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--levels", default="1,4,8,16,32")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--skip", default="", help="comma-separated peers to skip: plain,runtime,llamacpp")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    RESULTS.mkdir(exist_ok=True)
+    logs = RESULTS / "logs"
+    logs.mkdir(exist_ok=True)
+
+    from mlx_nb.models import load_model
+    from mlx_nb.models.sources import _smollm2_gguf, models_dir
+
+    loaded = load_model(MODEL)
+    machine = {
+        "copy_gbs": limits.copy_bandwidth_gbs(),
+        "sgemm_gflops": limits.sgemm_gflops(),
+        **limits.model_costs(loaded),
+        "runtime": mlx_nb.runtime_info(),
+    }
+    f32_dir = export_dense(loaded, "float32", models_dir() / f"{MODEL}-float32")
+    f16_dir = export_dense(load_model(MODEL), "float16", models_dir() / f"{MODEL}-float16")
+    del loaded
+
+    runs = {}
+    print("mlx-nb", flush=True)
+    with servers.mlx_nb_server(MODEL, log=logs / "mlx-nb.log") as s:
+        runs["ours"] = measure(s, levels, args.max_tokens, extras=True)
+    if "plain" not in skip:
+        print("mlx_lm.server", flush=True)
+        with servers.mlx_lm_server(f16_dir, fast_runtime=False, log=logs / "mlx_lm.log") as s:
+            runs["peer"] = measure(s, levels, args.max_tokens, extras=True)
+    if "runtime" not in skip:
+        print("mlx_lm.server + runtime", flush=True)
+        with servers.mlx_lm_server(f32_dir, fast_runtime=True, log=logs / "mlx_lm_runtime.log") as s:
+            runs["peer_runtime"] = measure(s, levels, args.max_tokens, extras=False)
+    if "llamacpp" not in skip and importlib.util.find_spec("llama_cpp") is not None:
+        with servers.llama_cpp_server(_smollm2_gguf(), log=logs / "llama_cpp.log") as s:
+            runs["llama_cpp"] = measure(s, levels, args.max_tokens, extras=False)
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    data = {"date": stamp, "machine": machine, "platform": platform.platform(), "cpus": os.cpu_count(),
+            "max_tokens": args.max_tokens, "runs": runs}
+    (RESULTS / "latest.json").write_text(json.dumps(data, indent=2, default=str))
+    from report import write_report
+
+    write_report(data, RESULTS)
+    print((RESULTS / "latest.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
