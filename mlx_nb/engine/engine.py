@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from mlx_nb.engine import workers
 from mlx_nb.engine.events import EventLog
 from mlx_nb.engine.handle import RequestHandle
+from mlx_nb.engine.images import ImageOptions
 from mlx_nb.engine.layout import describe_layers, is_batchable
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.messages import normalize_messages
@@ -50,6 +51,10 @@ class Engine:
         prefix_cache: bool = True,
         prefix_cache_bytes: Optional[int] = None,
         event_capacity: int = 4096,
+        image_roots: Optional[list] = None,
+        allow_remote_images: bool = False,
+        max_image_bytes: int = 20 * 1024 * 1024,
+        max_image_pixels: int = 40_000_000,
         wait: bool = False,
     ):
         from mlx_nb.models.sources import DEFAULT_MODEL
@@ -58,6 +63,12 @@ class Engine:
         self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size)
         self.prefix_options = dict(enabled=prefix_cache, max_bytes=prefix_cache_bytes)
         self.event_log = EventLog(event_capacity)
+        self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)
+            roots=image_roots if image_roots is not None else [os.getcwd()],
+            allow_remote=allow_remote_images,
+            max_bytes=max_image_bytes,
+            max_pixels=max_image_pixels,
+        )
         self.loaded = None
         self._runner = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -147,7 +158,13 @@ class Engine:
             if live.handle.done:  # aborted before it was admitted
                 return True
             try:
-                self._runner.admit(live)
+                if self.loaded.kind == "vision":  # prefilled alone, then its cache MOVES into the batch
+                    from mlx_nb.engine.vision import prefill_request
+
+                    caches, all_tokens = prefill_request(self.loaded, live, self.options["prefill_step_size"])
+                    self._runner.admit(live, caches=caches, all_tokens=all_tokens)
+                else:
+                    self._runner.admit(live)
             except Exception as exc:
                 live.finish("error", error=f"could not start the request: {type(exc).__name__}: {exc}")
         elif kind == "abort":
@@ -222,7 +239,16 @@ class Engine:
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
                           chat_template_kwargs=dict(chat_template_kwargs or {}))
-        tokens, boundaries = self._prompt_tokens(request)
+        images, extra = [], {}
+        if self.loaded.kind == "vision":  # every request to a vision model, text-only ones too
+            from mlx_nb.engine.vision import prepare_vision_request
+
+            tokens, images, extra["prompt_text"] = prepare_vision_request(self.loaded, request, self.image_options)
+            # No prefix reuse: an image's pad tokens don't identify the image (a hit could hand one
+            # image's state to another), and prefill_vision builds every cache itself anyway.
+            extra["no_prefix_cache"] = True
+        else:
+            tokens, extra["boundaries"] = self._prompt_tokens(request)
         if len(tokens) >= context:
             raise RequestError(
                 f"the prompt is {len(tokens)} tokens but {self.model_name} holds {context}: shorten the conversation",
@@ -236,7 +262,8 @@ class Engine:
             prompt_tokens=tokens,
             stream=TextStream(self.loaded.tokenizer, sampling.stop),
             logits_processors=list(logits_processors or []),
-            extra={"boundaries": boundaries},
+            images=images,
+            extra=extra,
         )
         self._commands.put(("submit", live))
         return handle

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from mlx_nb.models.atomic import build_atomically
+from mlx_nb.models.fixtures_vision import VISION_CONFIGS, build_vision, vision_spec
 from mlx_nb.models.templates import LENIENT_CHATML, STRICT_CHATML
 from mlx_nb.models.tiny_tokenizer import VOCAB_SIZE, write_tokenizer
 
@@ -101,7 +102,7 @@ WEIGHT_SCALE = 0.25  # large enough that greedy argmax is decisive, not a near-t
 
 
 def tiny_names() -> list[str]:
-    return sorted(TINY_CONFIGS)
+    return sorted([*TINY_CONFIGS, *VISION_CONFIGS])
 
 
 def fingerprint(name: str) -> str:
@@ -110,12 +111,15 @@ def fingerprint(name: str) -> str:
 
     from mlx_nb.models.tiny_tokenizer import SPECIAL_TOKENS
 
-    spec = json.dumps([TINY_CONFIGS[name], _TEMPLATES[name], WEIGHT_SCALE, SPECIAL_TOKENS], sort_keys=True)
+    parts = vision_spec(name) if name in VISION_CONFIGS else [TINY_CONFIGS[name], _TEMPLATES[name]]
+    spec = json.dumps([*parts, WEIGHT_SCALE, SPECIAL_TOKENS], sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:10]
 
 
 def build_tiny(name: str, dest: Path) -> Path:
     """Build fixture `name` into `dest` (atomically); returns `dest`."""
+    if name in VISION_CONFIGS:
+        return build_atomically(dest, lambda tmp: build_vision(name, tmp, _seed(name), WEIGHT_SCALE))
     if name not in TINY_CONFIGS:
         raise KeyError(name)
     return build_atomically(dest, lambda tmp: _write_tiny(name, tmp))
