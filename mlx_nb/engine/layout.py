@@ -41,7 +41,11 @@ def _arrays(cache: Any) -> list:
     inner = getattr(cache, "cache", None)
     if isinstance(inner, list):
         return [a for a in inner if a is not None]
-    return []
+    try:  # any other cache (e.g. the vision rope-delta cache): whatever arrays its state holds
+        state = cache.state
+    except Exception:
+        return []
+    return [a for a in (state if isinstance(state, (list, tuple)) else [state]) if hasattr(a, "nbytes")]
 
 
 def _offset(cache: Any) -> Any:

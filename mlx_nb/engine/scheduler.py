@@ -98,7 +98,7 @@ class BatchRunner:
         )
         live.uid = uid
         live.phase = "queued"
-        live.prefilled = len(all_tokens or [])
+        live.prefilled = live.extra["prefill_start"] = start
         self.by_uid[uid] = live
         self.events.publish(
             "insert",
@@ -150,7 +150,7 @@ class BatchRunner:
         if live is None:
             return
         done, total = r.progress
-        live.prefilled = live.cached_tokens + done if live.cached_tokens else done
+        live.prefilled = live.extra.get("prefill_start", 0) + done
         if r.end_of_prompt:
             live.phase = "decode"
             self.decoding.append(live.id)

@@ -98,7 +98,8 @@ def test_cache_layout_of_a_live_vision_request(vision_case):
     layout = engine.cache_layout(h.id)
     h.abort()
     types = [layer["type"] for layer in layout["layers"]]
-    assert types[-1] == "RopeDeltaCache"
+    assert types[-1] == "RopeDeltaCache" and layout["layers"][-1]["nbytes"] == 4  # one int32 delta
+    assert all(layer["nbytes"] > 0 for layer in layout["layers"])
     if name == "tiny-qwen3.5-vl":
         assert types[:-1] == ["ArraysCache", "KVCache", "ArraysCache", "KVCache"]
     else:
