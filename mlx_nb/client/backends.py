@@ -1,0 +1,198 @@
+"""The two things a Client can talk to: shared in-process Engines, or an OpenAI-compatible URL.
+
+Each backend `open`s a request for a stream (sync) or `aopen`s it (async) and yields
+(text, finish_reason, usage, error) pieces; the stream classes do the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from contextlib import contextmanager
+from typing import Any, Optional
+
+from mlx_nb.client.streams import AsyncChatStream, ChatStream, ClientError, MlxConnectionError, _Stream, _usage
+
+# -- shared embedded engines ----------------------------------------------------------------
+_ENGINES: dict[str, Any] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def shared_engine(model: str):
+    """The process-wide embedded Engine for `model`, started (not awaited) on first use."""
+    from mlx_nb.engine import Engine
+
+    with _ENGINES_LOCK:
+        eng = _ENGINES.get(model)
+        if eng is None or eng.load_error is not None or getattr(eng, "_closed", False):
+            eng = _ENGINES[model] = Engine(model)
+        return eng
+
+
+def close_engines() -> None:
+    """Close every shared embedded engine (tests, or to free memory)."""
+    with _ENGINES_LOCK:
+        engines = list(_ENGINES.values())
+        _ENGINES.clear()
+    for eng in engines:
+        eng.close()
+
+
+class _Embedded:
+    """Shared engines by model name, or one given Engine (`Client(engine=eng)`)."""
+
+    name = "embedded"
+
+    def __init__(self, engine: Any = None):
+        self.fixed = engine
+
+    def default_model(self) -> str:
+        from mlx_nb.models.sources import DEFAULT_MODEL
+
+        return self.fixed.model_name if self.fixed is not None else DEFAULT_MODEL
+
+    def engine(self, model: Optional[str]):
+        if self.fixed is None:
+            return shared_engine(model or self.default_model())
+        if model not in (None, self.fixed.model_name):
+            raise ClientError(f"this client is bound to an Engine serving {self.fixed.model_name}, not {model}")
+        return self.fixed
+
+    def open(self, st: ChatStream, messages: list, params: dict):
+        handle = self.engine(st.model).submit(messages=messages, **params)
+        st._opened(handle.id, handle.abort, drains=True)
+        return ((d.text, d.finish_reason, _usage(d.usage), d.error) for d in handle)
+
+    async def aopen(self, st: AsyncChatStream, messages: list, params: dict):
+        st.model = st.model or self.default_model()
+        eng = self.engine(st.model)
+        if not eng.ready:
+            await asyncio.to_thread(eng.wait_ready)
+        handle = eng.submit(messages=messages, **params)
+        st._opened(handle.id, handle.abort, drains=True)
+        async for d in handle:
+            yield d.text, d.finish_reason, _usage(d.usage), d.error
+
+
+@contextmanager
+def _translated(url: str):
+    """openai / httpx failures -> one readable line naming the URL."""
+    import httpx
+    import openai
+
+    try:
+        yield
+    except (openai.APIConnectionError, httpx.TransportError) as exc:
+        cause = exc.__cause__ or exc
+        raise MlxConnectionError(
+            f"cannot reach {url} ({cause}): is Jupyter running with mlx_nb? check MLX_NB_URL or %mlx connect"
+        ) from None
+    except openai.APIStatusError as exc:
+        raise ClientError(f"{url} answered {exc.status_code}: {_error_text(exc.body) or exc.message}") from None
+    except openai.APIError as exc:
+        raise ClientError(_error_text(exc.body) or exc.message) from None
+
+
+def _error_text(body: Any) -> str:
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        return str(inner.get("message", inner)) if isinstance(inner, dict) else str(inner)
+    return str(body or "")
+
+
+class _Remote:
+    def __init__(self, url: str, api_key: Optional[str]):
+        self.name, self.url, self.api_key = url, url, api_key
+        self._sync = None
+        self._async: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # one per event loop
+        self._models: Optional[list[str]] = None
+
+    def _kwargs(self) -> dict:
+        try:  # newer openai SDKs run on httpx's fork httpx2 and want its Timeout
+            import httpx2 as hx
+        except ImportError:
+            import httpx as hx
+
+        return dict(base_url=self.url, api_key=self.api_key or "none", max_retries=0,
+                    timeout=hx.Timeout(600.0, connect=5.0))
+
+    @property
+    def sync(self):
+        if self._sync is None:
+            import openai
+
+            self._sync = openai.OpenAI(**self._kwargs())
+        return self._sync
+
+    def asyncclient(self):
+        import openai
+
+        loop = asyncio.get_running_loop()
+        if loop not in self._async:
+            self._async[loop] = openai.AsyncOpenAI(**self._kwargs())
+        return self._async[loop]
+
+    def default_model(self) -> str:
+        if self._models is None:
+            self._models = self.models()
+        return self._models[0] if self._models else "default"
+
+    def models(self) -> list[str]:
+        with _translated(self.url):
+            return [m.id for m in self.sync.models.list()]
+
+    def get(self, path: str, **params) -> Any:
+        import httpx
+
+        headers = {"Authorization": f"token {self.api_key}"} if self.api_key else {}
+        with _translated(self.url):
+            r = httpx.get(f"{self.url}/{path}", params={k: v for k, v in params.items() if v is not None},
+                          headers=headers, timeout=httpx.Timeout(10.0, connect=5.0))
+        if r.status_code >= 400:
+            try:
+                detail = _error_text(r.json())
+            except ValueError:
+                detail = r.text[:200]
+            raise ClientError(f"{self.url}/{path} answered {r.status_code}: {detail}")
+        return r.json()
+
+    @staticmethod
+    def _request(st: _Stream, messages: list, params: dict) -> dict:
+        extra = {k: params[k] for k in ("top_p", "stop", "seed") if params.get(k) is not None}
+        return dict(model=st.model, messages=messages, stream=True, stream_options={"include_usage": True},
+                    max_tokens=params["max_tokens"], temperature=params["temperature"], **extra)
+
+    @staticmethod
+    def _piece(st: _Stream, chunk) -> tuple:
+        if st.request_id is None and getattr(chunk, "id", None):
+            st._set_id(chunk.id)
+        choice = chunk.choices[0] if chunk.choices else None
+        text = (choice.delta.content or "") if choice is not None and choice.delta is not None else ""
+        return text, choice.finish_reason if choice is not None else None, _usage(chunk.usage), None
+
+    def open(self, st: ChatStream, messages: list, params: dict):
+        with _translated(self.url):
+            resp = self.sync.chat.completions.create(**self._request(st, messages, params))
+        st._opened(None, resp.close)  # closing the stream makes the server abort the request
+        return self._chunks(st, resp)
+
+    def _chunks(self, st: ChatStream, resp):
+        try:
+            with _translated(self.url):
+                for chunk in resp:
+                    yield self._piece(st, chunk)
+        finally:
+            resp.close()
+
+    async def aopen(self, st: AsyncChatStream, messages: list, params: dict):
+        with _translated(self.url):
+            st.model = st.model or await asyncio.to_thread(self.default_model)
+            resp = await self.asyncclient().chat.completions.create(**self._request(st, messages, params))
+        st._opened(None, lambda: None)  # the reader sees `aborted` at the next chunk and closes
+        try:
+            with _translated(self.url):
+                async for chunk in resp:
+                    yield self._piece(st, chunk)
+        finally:
+            await resp.close()

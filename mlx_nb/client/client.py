@@ -1,0 +1,164 @@
+"""Client: one chat API over an in-process Engine or any OpenAI-compatible URL.
+
+Magics and widgets only talk to this, so they behave the same in a kernel under the Jupyter server
+(the extension sets MLX_NB_URL / MLX_NB_TOKEN: one engine shared by every notebook) and in terminal
+IPython, nbval or scripts (no URL: one embedded engine per model name, shared process-wide).
+A stream starts its request when created, so bad input fails before anything is displayed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from mlx_nb.client import backends
+from mlx_nb.client.backends import _Embedded, _Remote
+from mlx_nb.client.content import build_messages
+from mlx_nb.client.streams import AsyncChatStream, ChatReply, ChatStream, ClientError, _Stream
+
+
+class Client:
+    """`Client()` -> the server's engine if MLX_NB_URL is set, else an embedded one in this process."""
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, model: Optional[str] = None,
+                 *, embedded: bool = False, engine: Any = None):
+        """`embedded=True` ignores MLX_NB_URL; `engine=` talks to that Engine (e.g. one a tutorial made)."""
+        if url is None and not embedded and engine is None:
+            url = os.environ.get("MLX_NB_URL") or None
+            api_key = api_key or os.environ.get("MLX_NB_TOKEN")
+        self._backend = _Remote(url.rstrip("/"), api_key) if url else _Embedded(engine)
+        self.model = model
+        self._live: dict[str, _Stream] = {}
+
+    @property
+    def backend(self) -> str:
+        """'embedded', or the base URL of the OpenAI-compatible server."""
+        return self._backend.name
+
+    @property
+    def embedded(self) -> bool:
+        return isinstance(self._backend, _Embedded)
+
+    def model_name(self, model: Optional[str] = None) -> str:
+        return model or self.model or self._backend.default_model()
+
+    @property
+    def engine(self):
+        """The embedded Engine behind this client (started on first use)."""
+        if not self.embedded:
+            raise ClientError(f"this client talks to {self.backend}, not to an in-process engine")
+        return self._backend.engine(self.model_name())
+
+    def load(self, model: Optional[str] = None) -> "Client":
+        """Make `model` this client's default; embedded: wait until its engine has loaded it."""
+        model = model or self.model
+        if self.embedded:
+            self._backend.engine(self.model_name(model)).wait_ready()  # a bad name raises; the old model stays
+        self.model = model
+        return self
+
+    # -- chat ---------------------------------------------------------------------------------
+    @staticmethod
+    def _params(max_tokens, temperature, top_p, stop, seed) -> dict:
+        return dict(max_tokens=max_tokens, temperature=temperature, top_p=1.0 if top_p is None else top_p,
+                    stop=stop, seed=seed)
+
+    def stream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
+               max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
+               stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None) -> ChatStream:
+        """Start a request; iterate the returned ChatStream for text chunks."""
+        messages = build_messages(messages_or_text, system, images)
+        params = self._params(max_tokens, temperature, top_p, stop, seed)
+        return ChatStream(self, self.model_name(model), lambda st: self._backend.open(st, messages, params))
+
+    def chat(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
+             max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None, stop: Any = None,
+             seed: Optional[int] = None, stream: bool = False, model: Optional[str] = None):
+        """The whole ChatReply, or with stream=True a ChatStream of text chunks."""
+        st = self.stream(messages_or_text, system=system, images=images, max_tokens=max_tokens,
+                         temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model)
+        if stream:
+            return st
+        for _ in st:
+            pass
+        return st.reply
+
+    def astream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
+                max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
+                stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None) -> AsyncChatStream:
+        """`async for chunk in client.astream(...)`: never blocks the event loop."""
+        messages = build_messages(messages_or_text, system, images)
+        params = self._params(max_tokens, temperature, top_p, stop, seed)
+        # the model may be resolved later, in aopen: asking a server for its models must not block the loop
+        return AsyncChatStream(self, model or self.model, lambda st: self._backend.aopen(st, messages, params))
+
+    async def achat(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
+                    max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
+                    stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None) -> ChatReply:
+        """Awaitable chat; several at once (asyncio.gather) share the engine's batch."""
+        st = self.astream(messages_or_text, system=system, images=images, max_tokens=max_tokens,
+                          temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model)
+        async for _ in st:
+            pass
+        return st.reply
+
+    def abort(self, request_id: str) -> None:
+        """Stop a running request by id (embedded: the engine drops it; URL: the stream is closed)."""
+        st = self._live.get(request_id)
+        if st is not None:
+            st.abort()
+        elif self.embedded:
+            for eng in [self._backend.fixed, *backends._ENGINES.values()]:
+                if eng is not None:
+                    eng.abort(request_id)
+
+    # -- introspection ------------------------------------------------------------------------
+    def status(self) -> dict:
+        return self.engine.status() if self.embedded else self._backend.get("status")
+
+    def cache_layout(self, request_id: Optional[str] = None) -> dict:
+        if not self.embedded:
+            return self._backend.get("cache", request_id=request_id)
+        try:
+            return self.engine.cache_layout(request_id)
+        except KeyError as exc:
+            raise ClientError(exc.args[0]) from None
+
+    def events(self, since: int = 0) -> list[dict]:
+        if self.embedded:
+            return self.engine.events(since)
+        body = self._backend.get("events", since=since, stream=0)
+        return body.get("events", body.get("data", [])) if isinstance(body, dict) else body
+
+    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
+        """Embedded only: `callback(event_dict)` on the engine thread for each new BatchEvent."""
+        if not self.embedded:
+            raise ClientError("live events need the embedded engine; over HTTP poll events(since=...)")
+        return self.engine.subscribe(lambda event: callback(event.to_dict()))
+
+    def models(self) -> list[str]:
+        if not self.embedded:
+            return self._backend.models()
+        from mlx_nb.models.sources import available_offline
+
+        names = available_offline()
+        return names + [n for n in list(backends._ENGINES) if n not in names]
+
+    def openai(self):
+        """An `openai.OpenAI` for the same server (there is none for the embedded backend)."""
+        if self.embedded:
+            raise ClientError(
+                "no server to connect to: start Jupyter with the mlx_nb extension, or set MLX_NB_URL "
+                "(and MLX_NB_TOKEN) to an OpenAI-compatible URL"
+            )
+        import openai
+
+        return openai.OpenAI(base_url=self._backend.url, api_key=self._backend.api_key or "none")
+
+    def __repr__(self) -> str:
+        return f"Client({self.backend!r}, model={self.model_name() if self.embedded else self.model!r})"
+
+
+def openai_client(url: Optional[str] = None, api_key: Optional[str] = None):
+    """A configured `openai.OpenAI` for MLX_NB_URL (or `url`)."""
+    return Client(url, api_key).openai()

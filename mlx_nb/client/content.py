@@ -1,0 +1,58 @@
+"""Chat messages from text, a system prompt and images (paths, bytes, PIL) in OpenAI's shape.
+
+Images become `image_url` parts with data URLs, so the same message list works for the embedded
+engine and for any OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import mimetypes
+from pathlib import Path
+from typing import Any, Optional
+
+
+def image_url(image: Any) -> str:
+    """A data URL (or the http URL) for a path, bytes, PIL image or URL: OpenAI's image_url form."""
+    if isinstance(image, str) and image.startswith(("data:", "http://", "https://")):
+        return image
+    if isinstance(image, (str, Path)):
+        path = Path(image).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"image not found: {path}")
+        return _data_url(path.read_bytes(), mimetypes.guess_type(path.name)[0] or "image/png")
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        data = bytes(image)
+        return _data_url(data, "image/jpeg" if data[:3] == b"\xff\xd8\xff" else "image/png")
+    if hasattr(image, "save") and hasattr(image, "size"):  # a PIL image
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return _data_url(buf.getvalue(), "image/png")
+    raise TypeError(f"cannot send a {type(image).__name__} as an image: give a path, bytes, PIL image or URL")
+
+
+def _data_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def build_messages(messages_or_text: Any, system: Optional[str] = None, images: Any = None) -> list[dict]:
+    """Chat messages from a string or a message list, with a system prompt and images added."""
+    if isinstance(messages_or_text, str):
+        messages = [{"role": "user", "content": messages_or_text}]
+    else:
+        messages = [dict(m) for m in messages_or_text]
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    if images is not None and not isinstance(images, (list, tuple)):
+        images = [images]
+    if images:
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        if not users:
+            raise ValueError("images need a user message to attach to")
+        msg = messages[users[-1]]
+        content = msg.get("content")
+        text = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        parts = [{"type": "image_url", "image_url": {"url": image_url(im)}} for im in images]
+        messages[users[-1]] = {**msg, "content": parts + text}
+    return messages

@@ -1,0 +1,102 @@
+"""Small tables for `%mlx status / cache / models / help`: HTML in a notebook, text in a terminal.
+
+A `Table` carries both `_repr_html_` and `__repr__`, so `display(table)` sends one bundle and
+each frontend picks what it can show.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Optional
+
+
+class Table:
+    def __init__(self, columns: list[str], rows: list[list[Any]], title: str = "", note: str = ""):
+        self.columns, self.rows, self.title, self.note = columns, [[_cell(v) for v in r] for r in rows], title, note
+
+    def __repr__(self) -> str:
+        widths = [max([len(c)] + [len(r[i]) for r in self.rows]) for i, c in enumerate(self.columns)]
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        out = [self.title] if self.title else []
+        if any(self.columns):
+            out += [line(self.columns), line(["-" * w for w in widths])]
+        out += [line(r) for r in self.rows]
+        return "\n".join(out + ([self.note] if self.note else []))
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th style='text-align:left'>{esc(c)}</th>" for c in self.columns)
+        head = f"<thead><tr>{head}</tr></thead>" if any(self.columns) else ""
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(v)}</td>" for v in r) + "</tr>"
+                       for r in self.rows)
+        title = f"<b>{esc(self.title)}</b>" if self.title else ""
+        note = f"<div style='opacity:.7'>{esc(self.note)}</div>" if self.note else ""
+        table = f"<table>{head}<tbody>{body}</tbody></table>"
+        return f"<div class='mlx-nb-table'>{title}{table}{note}</div>"
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def _bytes(n: Optional[int]) -> str:
+    n = n or 0
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def status_table(status: dict, backend: str) -> Table:
+    mem = status.get("memory") or {}
+    rows = [
+        ["backend", backend],
+        ["model", status.get("model")],
+        ["state", "loading" if status.get("loading") else ("error: " + str(status["error"])) if status.get("error")
+         else "ready"],
+        ["batch size (peak)", f"{status.get('batch_size', 0)} ({status.get('peak_batch_size', '-')})"],
+        ["queued / prefilling", f"{status.get('queue_length', 0)} / {status.get('prefilling', 0)}"],
+        ["steps", status.get("steps")],
+        ["tokens generated / prompt", f"{status.get('generated_tokens', 0)} / {status.get('prompt_tokens', 0)}"],
+        ["memory active / peak", f"{_bytes(mem.get('active_bytes'))} / {_bytes(mem.get('peak_bytes'))}"],
+    ]
+    requests = status.get("requests") or []
+    note = "; ".join(f"{r['id']}: {r['phase']} {r.get('generated_tokens', 0)}/{r.get('max_tokens', '?')} tokens"
+                     for r in requests) or "no live requests"
+    return Table(["", ""], rows, title="mlx engine status", note=note)
+
+
+def _layer_row(layer: dict) -> list:
+    if layer.get("type") == "CacheList":
+        members = layer.get("members") or []
+        kind = "CacheList[" + ", ".join(m.get("type", "?") for m in members) + "]"
+        shapes = " | ".join(_shapes(m) for m in members)
+        offset = " | ".join(str(m.get("offset")) for m in members)
+        dtype = next((m.get("dtype") for m in members if m.get("dtype")), None)
+    else:
+        kind, shapes, offset, dtype = layer.get("type"), _shapes(layer), layer.get("offset"), layer.get("dtype")
+    return [layer.get("layer"), kind, offset, shapes, dtype, _bytes(layer.get("nbytes")), layer.get("trimmable")]
+
+
+def _shapes(layer: dict) -> str:
+    shapes = layer.get("shapes") or []
+    return ", ".join("x".join(map(str, s)) for s in shapes) or "empty"
+
+
+def cache_table(layout: dict) -> Table:
+    layers = layout.get("layers") or []
+    total = sum(layer.get("nbytes") or 0 for layer in layers)
+    who = f"request {layout['request']}" if layout.get("request") else "a fresh cache (no request given)"
+    return Table(["layer", "type", "offset", "shapes", "dtype", "bytes", "trimmable"],
+                 [_layer_row(layer) for layer in layers],
+                 title=f"KV cache of {layout.get('model')}: {who}", note=f"{len(layers)} layers, {_bytes(total)}")
+
+
+def models_table(names: list[str], current: Optional[str]) -> Table:
+    return Table(["", "model"], [["*" if n == current else "", n] for n in names], title="models",
+                 note="* = this notebook's model; %mlx load NAME to switch")

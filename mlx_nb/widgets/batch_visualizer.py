@@ -1,0 +1,113 @@
+"""BatchVisualizer: a live SVG timeline of the engine's batch (who joins, who leaves, batch size).
+
+Embedded backend: `engine.subscribe` pushes each BatchEvent from the engine thread into a
+thread-safe buffer (nothing else happens there: the engine must not wait on widgets); a drawing
+thread redraws at most `max_hz` times a second. Over HTTP it polls `events(since=...)` instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Optional
+
+import ipywidgets as W
+
+from mlx_nb.widgets.svg_batch import build_batch_svg
+
+
+class BatchVisualizer(W.VBox):
+    """`BatchVisualizer()`; `.refresh()` pulls new events, `live=True` redraws by itself."""
+
+    def __init__(self, client: Any = None, *, engine: Any = None, since: int = 0, live: bool = True,
+                 max_lanes: int = 24, max_hz: float = 5.0, poll_s: float = 1.0, max_events: int = 20000, **kwargs):
+        from mlx_nb.client import Client
+
+        self.client = client or Client(engine=engine)
+        self.max_lanes, self.max_hz, self.poll_s = max_lanes, max_hz, poll_s
+        self.events: deque = deque(maxlen=max_events)
+        self.last_seq = since
+        self.html = W.HTML()
+        self.refresh_button = W.Button(description="Refresh", icon="refresh")
+        self.refresh_button.on_click(lambda _: self.refresh())
+        self._buffer: deque = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._unsubscribe = None
+        self._thread: Optional[threading.Thread] = None
+        super().__init__([self.refresh_button, self.html], **kwargs)
+        if live and self.client.embedded:  # subscribe before the first pull: no gap, duplicates dropped by seq
+            self._unsubscribe = self.client.subscribe(self._on_event)
+        self.refresh()
+        if live:
+            self._thread = threading.Thread(target=self._loop, daemon=True, name="mlx-nb-batch-visualizer")
+            self._thread.start()
+
+    @property
+    def svg(self) -> str:
+        return self.html.value
+
+    def _on_event(self, event: dict) -> None:
+        # Runs on the engine thread: only hand the event over.
+        self._buffer.append(event)
+        self._wake.set()
+
+    def _add(self, events: list[dict]) -> int:
+        added = 0
+        with self._lock:
+            for ev in sorted(events, key=lambda e: e.get("seq", 0)):
+                if ev.get("seq", 0) > self.last_seq:
+                    self.events.append(ev)
+                    self.last_seq = ev["seq"]
+                    added += 1
+        return added
+
+    def refresh(self) -> None:
+        """Pull events newer than the last one seen and redraw."""
+        self._add(self.client.events(since=self.last_seq))
+        self.redraw()
+
+    def redraw(self) -> None:
+        with self._lock:
+            events = list(self.events)
+        self.html.value = build_batch_svg(events, max_lanes=self.max_lanes)
+
+    def clear(self) -> None:
+        """Forget what was drawn; only events from now on are shown."""
+        with self._lock:
+            self.events.clear()
+        self.redraw()
+
+    def _drain(self) -> list[dict]:
+        out = []
+        while self._buffer:
+            out.append(self._buffer.popleft())
+        return out
+
+    def _loop(self) -> None:
+        period = 1.0 / self.max_hz
+        while not self._closed.is_set():
+            try:
+                if self._unsubscribe is not None:
+                    self._wake.wait(1.0)
+                    self._wake.clear()
+                    if self._add(self._drain()):
+                        self.redraw()
+                else:
+                    if self._closed.wait(self.poll_s):
+                        return
+                    self.refresh()
+            except Exception:  # a server hiccup: try again at the next tick
+                pass
+            time.sleep(period)  # at most max_hz redraws a second
+
+    def close(self) -> None:
+        """Stop the live updates and close the widget."""
+        self._closed.set()
+        self._wake.set()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        super().close()

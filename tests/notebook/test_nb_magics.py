@@ -1,0 +1,306 @@
+"""%mlx and %%mlx chat through a real InteractiveShell, outputs captured as a kernel would send them."""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from mlx_nb.magics import ChatAnswer, Conversation, interpolate
+
+
+@pytest.fixture(scope="module")
+def ip(tmp_path_factory):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    os.environ.setdefault("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+    cfg = Config()
+    cfg.HistoryManager.hist_file = ":memory:"
+    shell = InteractiveShell.instance(config=cfg)
+    shell.run_line_magic("load_ext", "mlx_nb")
+    with capture_output():
+        shell.run_line_magic("mlx", "load tiny-llama")
+    return shell
+
+
+@pytest.fixture
+def magics(ip, monkeypatch):
+    m = ip.magics_manager.registry["MlxMagics"]
+    monkeypatch.delenv("MLX_NB_NO_STREAM", raising=False)
+    m.conversation.clear()
+    yield m
+    m.conversation.clear()
+
+
+def run(ip, source):
+    with capture_output() as cap:
+        result = ip.run_cell(source, store_history=True)
+    assert result.error_in_exec is None and result.error_before_exec is None
+    return result.result, cap
+
+
+def one_error_line(cap) -> str:
+    lines = cap.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mlx: "), cap.stderr
+    assert "Traceback" not in cap.stdout + cap.stderr
+    return lines[0]
+
+
+def dead_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}/mlx/v1"
+
+
+def test_load_ext_registers_line_and_cell_magic(ip):
+    assert "mlx" in ip.magics_manager.magics["line"]
+    assert "mlx" in ip.magics_manager.magics["cell"]
+    assert ip.magics_manager.registry["MlxMagics"].client.model == "tiny-llama"
+
+
+def test_chat_streams_into_one_updated_display(ip, magics):
+    answer, cap = run(ip, "%%mlx chat -n 24\nhello there")
+    assert isinstance(answer, ChatAnswer) and answer.reply.finish_reason in ("stop", "length")
+    first, updates = cap.outputs[0], cap.outputs[1:]
+    assert first.update is False and first.data["text/markdown"] == ""
+    display_id = first.transient["display_id"]
+    assert updates and all(o.update is True and o.transient["display_id"] == display_id for o in updates)
+    assert updates[-1].data["text/markdown"] == str(answer)
+    assert ip.user_ns["_"] is answer  # the cell's value ...
+    assert not answer or str(answer) not in cap.stdout  # ... is not printed a second time
+
+
+def test_updates_are_throttled(ip, magics):
+    t0 = time.monotonic()
+    answer, cap = run(ip, "%%mlx chat -n 400\ntell me everything")
+    elapsed = time.monotonic() - t0
+    assert answer.reply.usage["completion_tokens"] > 50
+    assert len(cap.outputs) - 1 <= elapsed * magics.update_hz + 2  # ~10 Hz, not one update per token
+
+
+def test_no_stream_env_gives_exactly_one_display(ip, magics, monkeypatch):
+    monkeypatch.setenv("MLX_NB_NO_STREAM", "1")
+    answer, cap = run(ip, "%%mlx chat -n 16\nhello")
+    assert len(cap.outputs) == 1
+    assert cap.outputs[0].update is False and cap.outputs[0].data["text/markdown"] == str(answer)
+
+
+def test_value_is_hidden_in_its_cell_and_shown_later(ip, magics):
+    answer, _ = run(ip, "%%mlx chat -n 8\nhi")
+    count = ip.execution_count - 1
+    assert ip.user_ns["Out"][count] is answer
+    later, cap = run(ip, f"Out[{count}]")
+    assert later is answer
+    assert [o.data["text/markdown"] for o in cap.outputs] == [str(answer)]
+    # in its own cell the display formatter gets nothing to show (what a kernel's displayhook sends)
+    ip.execution_count = answer.cell
+    try:
+        assert ip.display_formatter.format(answer) == ({}, {})
+    finally:
+        ip.execution_count = count + 2
+
+
+def test_kernel_displayhook_sends_no_execute_result_for_the_answer(ip, magics):
+    """ipykernel's own displayhook (fed a recording socket) skips the answer but sends other values."""
+    from ipykernel.displayhook import ZMQShellDisplayHook
+    from jupyter_client.session import Session
+
+    class Socket:
+        def __init__(self):
+            self.sent = []
+
+        def send_multipart(self, parts, *args, **kwargs):
+            self.sent.append(parts)
+
+    answer, _ = run(ip, "%%mlx chat -n 4\nhi")
+    sock = Socket()
+    hook = ZMQShellDisplayHook(shell=ip, session=Session(), pub_socket=sock)
+    saved = ip.execution_count
+    ip.execution_count = answer.cell
+    try:
+        hook(answer)
+        assert sock.sent == []
+        hook("an ordinary value")
+        assert len(sock.sent) == 1 and b"execute_result" in b"".join(sock.sent[0])
+    finally:
+        ip.execution_count = saved
+
+
+def test_terminal_prints_plain_deltas(ip, magics):
+    magics.terminal = True
+    try:
+        answer, cap = run(ip, "%%mlx chat -n 12\nhello")
+    finally:
+        magics.terminal = False
+    assert cap.outputs == []
+    assert str(answer) in cap.stdout
+
+
+def test_history_grows_and_is_cleared(ip, magics):
+    first, _ = run(ip, "%%mlx chat -n 6 -s 'You are terse.'\nfirst question")
+    second, _ = run(ip, "%%mlx chat -n 6\nsecond question")
+    assert len(magics.conversation) == 2
+    assert second.reply.usage["prompt_tokens"] > first.reply.usage["prompt_tokens"] + 6  # the history was sent
+    sent = magics.conversation.messages("third")
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert sent[0]["content"] == "You are terse." and sent[1]["content"] == "first question"
+    run(ip, "%%mlx chat -n 6 --new\nfresh start")
+    assert len(magics.conversation) == 1 and magics.conversation.system is None
+    _, cap = run(ip, "%mlx reset")
+    assert len(magics.conversation) == 0 and "conversation cleared" in cap.stdout
+
+
+def test_config_reaches_the_client_and_history(ip, magics):
+    run(ip, "%config MlxMagics.max_turns = 2")
+    run(ip, "%config MlxMagics.model = 'tiny-qwen3.5'")
+    try:
+        assert magics.conversation.max_turns == 2 and magics.client.model == "tiny-qwen3.5"
+        for i in range(3):
+            answer, _ = run(ip, f"%%mlx chat -n 4\nquestion {i}")
+        assert answer.reply.model == "tiny-qwen3.5"
+        assert [q for q, _ in magics.conversation.turns] == ["question 1", "question 2"]
+    finally:
+        run(ip, "%config MlxMagics.max_turns = 20")
+        run(ip, "%config MlxMagics.model = 'tiny-llama'")
+    assert magics.client.model == "tiny-llama"
+
+
+def test_history_is_capped():
+    conv = Conversation(max_turns=3)
+    for i in range(5):
+        conv.add(f"q{i}", f"a{i}")
+    assert [q for q, _ in conv.turns] == ["q2", "q3", "q4"]
+
+
+def test_interpolation_replaces_known_names_only(ip, magics):
+    class Paper:
+        title = "Attention"
+
+    ns = {"topic": "volcanoes", "paper": Paper(), "Out": {3: "three"}, "xs": [1, 2]}
+    text = "{topic} {paper.title} {Out[3]} {xs[-1]} {unknown} {paper.nope} {{topic}} {'a': 1} f(x){y}"
+    assert interpolate(text, ns) == "volcanoes Attention three 2 {unknown} {paper.nope} {{topic}} {'a': 1} f(x){y}"
+    ip.user_ns["topic"] = "volcanoes"
+    run(ip, "%%mlx chat -n 4\nTell me about {topic} and {not_defined_anywhere}.")
+    assert magics.conversation.turns[-1][0] == "Tell me about volcanoes and {not_defined_anywhere}."
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("%%mlx chat --bogus\nhi", "unrecognized arguments: --bogus"),
+    ("%%mlx chat --max-tokens 0\nhi", "max_tokens must be"),
+    ("%%mlx chat -t hot\nhi", "invalid float value"),
+    ("%%mlx chat\n   ", "no question"),
+    ("%mlx frobnicate", "unknown subcommand 'frobnicate'"),
+    ("%%mlx status\nbody", "takes no cell body"),
+    ("%mlx load no-such-model-xyz", "no-such-model-xyz"),
+    ("%%mlx chat -i /no/such/image.png\nhi", "image not found"),
+])
+def test_errors_are_one_line(ip, magics, source, expected):
+    answer, cap = run(ip, source)
+    assert answer is None
+    assert expected in one_error_line(cap)
+    assert not any(o.update is False and o.data.get("text/markdown") for o in cap.outputs)
+    assert len(magics.conversation) == 0
+
+
+def test_status_cache_models_help(ip, magics):
+    _, cap = run(ip, "%mlx status")
+    html = cap.outputs[0].data["text/html"]
+    assert "tiny-llama" in html and "embedded" in html and "batch size" in cap.outputs[0].data["text/plain"]
+    _, cap = run(ip, "%mlx cache")
+    html, text = cap.outputs[0].data["text/html"], cap.outputs[0].data["text/plain"]
+    assert html.count("<tr>") == 1 + 2  # header + one row per layer of tiny-llama
+    assert "KVCache" in text and "2 layers" in text
+    _, cap = run(ip, "%mlx models")
+    assert "smollm2-135m-instruct" in cap.outputs[0].data["text/plain"]
+    assert "*  tiny-llama" in cap.outputs[0].data["text/plain"]
+    _, cap = run(ip, "%mlx help")
+    for sub in ("%%mlx chat", "%mlx load", "%mlx cache [--request ID]", "%mlx connect", "%mlx reset", "%mlx batch"):
+        assert sub in cap.stdout
+    _, cap = run(ip, "%mlx")
+    assert "%mlx status" in cap.stdout
+
+
+def test_cache_of_a_live_request(ip, magics):
+    st = magics.client.stream("go on", max_tokens=3000)
+    next(st)
+    ip.user_ns["rid"] = st.request_id
+    try:
+        _, cap = run(ip, "%mlx cache --request {rid}")
+    finally:
+        st.abort()
+        list(st)
+    text = cap.outputs[0].data["text/plain"]
+    assert st.request_id in text and "empty" not in text
+
+
+def test_batch_shows_a_visualizer(ip, magics):
+    import ipywidgets
+
+    _, cap = run(ip, "%mlx batch")
+    model_id = cap.outputs[0].data["application/vnd.jupyter.widget-view+json"]["model_id"]
+    viz = ipywidgets.widgets.widget._instances[model_id]
+    assert "<svg" in viz.svg and not viz._closed.is_set()
+    run(ip, "%mlx batch")  # showing it again stops the previous view's live updates
+    assert viz._closed.is_set()
+    magics._batch_view.close()
+
+
+def test_connect_unreachable_then_disconnect(ip, magics, monkeypatch):
+    url = dead_url()
+    _, cap = run(ip, f"%mlx connect {url} --token abc")
+    assert url in cap.stdout and magics.client.backend == url
+    answer, cap = run(ip, "%%mlx chat\nhello?")
+    assert answer is None and "cannot reach" in one_error_line(cap)
+    assert len(magics.conversation) == 0
+    _, cap = run(ip, "%mlx disconnect")
+    assert magics.client.embedded and "embedded" in cap.stdout
+    monkeypatch.delenv("MLX_NB_URL", raising=False)
+    _, cap = run(ip, "%mlx connect")
+    assert "MLX_NB_URL" in one_error_line(cap)
+    answer, _ = run(ip, "%%mlx chat -n 4\nback home")
+    assert answer.reply.finish_reason in ("stop", "length")
+
+
+def test_keyboard_interrupt_aborts_the_request(ip, magics):
+    client = magics.client
+    since = client.events()[-1]["seq"]
+
+    def interrupt():
+        deadline = time.monotonic() + 20
+        while not client._live and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    killer = threading.Thread(target=interrupt)
+    killer.start()
+    try:
+        answer, cap = run(ip, "%%mlx chat -n 4000\nwrite a very long story")
+    finally:
+        killer.join()
+        signal.signal(signal.SIGINT, previous)
+    assert answer is None
+    assert "interrupted" in one_error_line(cap) and "aborted" in cap.stderr
+    deadline = time.monotonic() + 10  # the engine drops the request at its next step
+    while time.monotonic() < deadline:
+        leaves = [e for e in client.events(since) if e["kind"] == "filter"]
+        if leaves:
+            break
+        time.sleep(0.02)
+    assert [e["detail"]["reason"] for e in leaves] == ["abort"]
+    assert client.status()["batch_size"] == 0
+    assert len(magics.conversation) == 0
+
+
+@pytest.mark.slow
+def test_real_model_knows_the_capital_of_france(ip, magics):
+    answer, cap = run(ip, "%%mlx chat --model smollm2-135m-instruct -n 32\nWhat is the capital of France?")
+    assert "Paris" in answer
+    assert answer.reply.model == "smollm2-135m-instruct"

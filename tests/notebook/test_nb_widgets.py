@@ -1,0 +1,147 @@
+"""ChatPanel, CacheInspector and BatchVisualizer, headless (ipywidgets' DummyComm), on real tiny models."""
+
+import socket
+from datetime import datetime, timezone
+import threading
+import time
+
+import pytest
+
+from mlx_nb.client import Client
+from mlx_nb.widgets import BatchVisualizer, CacheInspector, ChatPanel
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return Client(model="tiny-llama", embedded=True).load()
+
+
+def until(predicate, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def shown(output) -> str:
+    return output.outputs[0]["data"]["text/plain"] if output.outputs else ""
+
+
+def test_chat_panel_sends_on_enter_and_streams_a_reply(llama):
+    panel = ChatPanel(llama, max_tokens=16)
+    assert "tiny-llama" in panel.model_label.value
+    panel.input.value = "hello panel"  # what the browser sends on Enter (continuous_update=False)
+    assert panel.busy and panel.stop_button.disabled is False
+    assert panel.wait(30)
+    assert panel.input.value == ""
+    assert [m["role"] for m in panel.messages] == ["user", "assistant"]
+    assert panel.messages[0]["content"] == "hello panel"
+    reply = panel.replies[-1]
+    assert reply.finish_reason in ("stop", "length") and reply.text == panel.messages[1]["content"]
+    bubble, answer = panel.transcript.children
+    assert "hello panel" in bubble.value and shown(answer) == reply.text
+    assert "tokens" in panel.speed.value
+    assert panel.send_button.disabled is False and panel.stop_button.disabled is True
+    panel.send("and again")  # the second turn is sent with the first
+    assert panel.wait(30) and len(panel.messages) == 4 and len(panel.transcript.children) == 4
+
+
+def test_stop_button_aborts_a_running_reply(llama):
+    panel = ChatPanel(llama, max_tokens=4000)
+    panel.send("write forever")
+    assert until(lambda: panel._stream is not None and panel._stream.text)
+    assert panel.send("ignored while busy") is None
+    panel.stop_button.click()
+    assert panel.wait(30)
+    reply = panel.replies[-1]
+    assert reply.finish_reason == "abort" and reply.usage["completion_tokens"] < 4000
+    assert shown(panel.transcript.children[-1]).endswith("*[stopped]*")
+    assert "(abort)" in panel.speed.value
+
+
+def test_two_panels_stream_at_once(llama):
+    a, b = ChatPanel(llama, max_tokens=48), ChatPanel(llama, max_tokens=48)
+    since = llama.events()[-1]["seq"]
+    a.send("first panel")
+    b.send("second panel")
+    assert a.wait(30) and b.wait(30)
+    ra, rb = a.replies[-1], b.replies[-1]
+    assert ra.finish_reason in ("stop", "length") and rb.finish_reason in ("stop", "length")
+    both = {ra.request_id, rb.request_id}
+    assert any(both <= set(e["requests"]) for e in llama.events(since) if e["kind"] == "step")
+
+
+def test_uploaded_image_is_taken_once(llama):
+    panel = ChatPanel(llama)
+    png = b"\x89PNG\r\n\x1a\nfake"
+    panel.upload.value = ({"name": "a.png", "type": "image/png", "size": len(png), "content": memoryview(png),
+                           "last_modified": datetime.now(timezone.utc)},)
+    assert panel._take_upload() == [png]
+    assert panel.upload.value == () and panel._take_upload() == []
+
+
+def test_panel_shows_a_server_error_in_one_line():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{s.getsockname()[1]}/mlx/v1"
+    s.close()
+    panel = ChatPanel(Client(url, model="m"))
+    panel.send("anyone there?")
+    assert panel.wait(30)
+    text = shown(panel.transcript.children[-1])
+    assert text.startswith("**mlx:** cannot reach") and "\n" not in text
+    assert panel.messages == [] and panel.speed.value == "error"
+
+
+def test_cache_inspector_draws_one_row_per_layer(llama):
+    inspector = CacheInspector(llama)
+    layers = inspector.layout_data["layers"]
+    assert len(layers) == 2 and inspector.svg.count('class="layer"') == 2
+    assert "KVCache" in inspector.svg and 'class="legend"' in inspector.svg
+
+    qwen = CacheInspector(Client(model="tiny-qwen3.5", embedded=True))
+    types = [layer["type"] for layer in qwen.layout_data["layers"]]
+    assert qwen.svg.count('class="layer"') == len(types) == 4
+    assert 'data-type="ArraysCache"' in qwen.svg and 'data-type="KVCache"' in qwen.svg
+
+
+def test_cache_inspector_follows_a_live_request(llama):
+    st = llama.stream("go on", max_tokens=3000)
+    next(st)
+    inspector = CacheInspector(llama, request_id=st.request_id)
+    assert st.request_id in inspector.svg and 'class="bar"' in inspector.svg  # real bytes now
+    inspector.follow(st.request_id, interval=0.02)
+    assert until(lambda: inspector.note.value.startswith("following"))
+    st.abort()
+    list(st)
+    assert until(lambda: inspector.note.value.endswith("finished"))
+    inspector.refresh()  # the request is gone: a fresh cache, with a note saying why
+    assert "no live request" in inspector.note.value
+    inspector.close()
+
+
+def test_batch_visualizer_shows_three_requests(llama):
+    since = llama.events()[-1]["seq"]
+    viz = BatchVisualizer(llama, since=since, max_hz=20)
+    try:
+        streams = [llama.stream(f"request {i}", max_tokens=24 if i else 3000) for i in range(3)]
+        threads = [threading.Thread(target=lambda s=s: list(s)) for s in streams[1:]]
+        for t in threads:
+            t.start()
+        next(streams[0])
+        for t in threads:
+            t.join(30)
+        streams[0].abort()
+        list(streams[0])
+        assert until(lambda: viz.svg.count('class="mark leave') == 3), viz.svg[:300]
+        svg = viz.svg
+        assert svg.count('class="lane"') == 3
+        assert svg.count('class="mark join"') == 3 and svg.count('class="mark insert"') == 3
+        assert 'reason-abort' in svg and 'class="legend"' in svg and "<polyline" in svg
+        n = len(viz.events)
+        viz.refresh()  # a pull after the live updates adds nothing twice
+        assert len(viz.events) == n and viz.svg.count('class="lane"') == 3
+    finally:
+        viz.close()
