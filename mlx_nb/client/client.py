@@ -148,7 +148,7 @@ class Client:
         """An `openai.OpenAI` for the same server (there is none for the embedded backend)."""
         if self.embedded:
             raise ClientError(
-                "no server to connect to: start Jupyter with the mlx_nb extension, or set MLX_NB_URL "
+                "no server to connect to: start `jupyter lab` (the extension is jupyter_ext), or set MLX_NB_URL "
                 "(and MLX_NB_TOKEN) to an OpenAI-compatible URL"
             )
         import openai

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 
 def image_url(image: Any) -> str:
-    """A data URL (or the http URL) for a path, bytes, PIL image or URL: OpenAI's image_url form."""
+    """A data URL (or the http URL) for a path, bytes, PIL image, array or URL: OpenAI's image_url form."""
     if isinstance(image, str) and image.startswith(("data:", "http://", "https://")):
         return image
     if isinstance(image, (str, Path)):
@@ -25,11 +25,15 @@ def image_url(image: Any) -> str:
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
         return _data_url(data, "image/jpeg" if data[:3] == b"\xff\xd8\xff" else "image/png")
+    if hasattr(image, "__array_interface__") and not hasattr(image, "save"):  # a numpy array (HWC)
+        from PIL import Image
+
+        image = Image.fromarray(image)
     if hasattr(image, "save") and hasattr(image, "size"):  # a PIL image
         buf = io.BytesIO()
         image.save(buf, format="PNG")
         return _data_url(buf.getvalue(), "image/png")
-    raise TypeError(f"cannot send a {type(image).__name__} as an image: give a path, bytes, PIL image or URL")
+    raise TypeError(f"cannot send a {type(image).__name__} as an image: give a path, bytes, PIL image, numpy array or URL")
 
 
 def _data_url(data: bytes, mime: str) -> str:

@@ -1,0 +1,126 @@
+"""MLXExtension: owns the one Engine of this Jupyter server and mounts the `mlx/v1` routes.
+
+The engine loads on its own thread, so the server (and every other extension) is usable at once;
+until the model is ready, routes that need it answer 503 with `Retry-After: 2`. Why 503 and not
+holding the request open: a load can take minutes (a first GGUF conversion), proxies and SDK
+timeouts would cut a held request anyway, and 503 + Retry-After is what the openai and anthropic
+SDKs already retry on (with backoff), so scripts started together with the server just work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+from jupyter_core.application import base_aliases
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Bool, Int, List, Unicode, default
+
+from jupyter_ext import handlers, monitor
+from jupyter_ext.kernel_env import KernelEnv
+
+DEFAULT_MODEL = "smollm2-135m-instruct"  # = mlx_nb.models.sources.DEFAULT_MODEL, without importing MLX here
+
+
+ROUTES = [
+    (r"mlx/v1/models", handlers.ModelsHandler),
+    (r"mlx/v1/models/(.+)", handlers.ModelHandler),
+    (r"mlx/v1/chat/completions", handlers.ChatHandler),
+    (r"mlx/v1/completions", handlers.CompletionsHandler),
+    (r"mlx/v1/messages", handlers.MessagesHandler),
+    (r"mlx/v1/status", monitor.StatusHandler),
+    (r"mlx/v1/cache", monitor.CacheHandler),
+    (r"mlx/v1/events", monitor.EventsHandler),
+    (r"mlx/v1/health", monitor.HealthHandler),
+    (r"mlx/v1(/.*)?", monitor.NotFoundHandler),  # JSON 404s instead of Jupyter's HTML page
+]
+
+
+class MLXExtension(ExtensionApp):
+    """`c.MLXExtension.*` configures the engine; `jupyter mlx` runs a server with only this extension."""
+
+    name = "mlx"
+    description = "One shared, continuously batched MLX engine behind an OpenAI/Anthropic-compatible route."
+    load_other_extensions = False  # `jupyter mlx` is an inference server; `jupyter lab` loads us anyway
+    aliases = {**base_aliases, "model": "MLXExtension.model"}
+
+    model = Unicode(DEFAULT_MODEL, help="Model to serve: a built-in name, a local path, a .gguf file or a hub id.").tag(
+        config=True
+    )
+    max_batch = Int(32, help="Most requests decoded together in one batch.").tag(config=True)
+    prefill_step_size = Int(512, help="Prompt tokens processed per prefill chunk.").tag(config=True)
+    prefix_cache_bytes = Int(
+        None, allow_none=True, help="Byte budget of the prompt-prefix cache (None: the engine's default)."
+    ).tag(config=True)
+    image_roots = List(
+        Unicode(), help="Directories local image paths may come from (empty: the server's root_dir)."
+    ).tag(config=True)
+    allow_remote_images = Bool(False, help="Let requests fetch images from http(s) URLs.").tag(config=True)
+    max_image_bytes = Int(20 * 2**20, help="Largest image (encoded bytes) a request may send or reference.").tag(
+        config=True
+    )
+    max_body_bytes = Int(
+        32 * 2**20, help="Largest request body the mlx routes accept (413 above); fits one base64 max-size image."
+    ).tag(config=True)
+    load_on_start = Bool(True, help="Start loading the model with the server (else: on the first request).").tag(
+        config=True
+    )
+
+    @default("open_browser")
+    def _no_browser(self):
+        return False  # there is no page to open: this extension is an API
+
+    def initialize_handlers(self):
+        self.handlers.extend(ROUTES)
+
+    def initialize_settings(self):
+        self.engine = None
+        self.event_queues: set = set()  # live /events streams, woken when the extension stops
+        self.kernel_env = KernelEnv()
+        url = self.kernel_env.publish(self.serverapp)  # the port may still move: refreshed at start
+        self.log.info("mlx: serving %s at %s", self.model, url)
+        if self.load_on_start:
+            self.start_engine()
+
+    async def _start_jupyter_server_extension(self, serverapp):
+        self.kernel_env.publish(serverapp)  # now the port is bound for sure
+
+    def start_engine(self):
+        """Create the Engine (it loads in the background) unless it exists; returns it."""
+        if self.engine is None:
+            from mlx_nb.engine import Engine
+
+            self.engine = Engine(self.model, wait=False, **self.engine_options(Engine))
+        return self.engine
+
+    def engine_options(self, engine_cls) -> dict:
+        """Engine keyword arguments; the vision options only where this Engine accepts them."""
+        options = dict(
+            max_batch=self.max_batch,
+            prefill_step_size=self.prefill_step_size,
+            prefix_cache_bytes=self.prefix_cache_bytes,
+        )
+        optional = dict(
+            image_roots=list(self.image_roots) or [self.serverapp.root_dir],
+            allow_remote_images=self.allow_remote_images,
+            max_image_bytes=self.max_image_bytes,
+        )
+        accepted = inspect.signature(engine_cls).parameters
+        options.update({k: v for k, v in optional.items() if k in accepted})
+        return options
+
+    async def stop_extension(self):
+        # An exception here would stop the server's shutdown: log and carry on instead.
+        for queue in list(getattr(self, "event_queues", ())):
+            queue.put_nowait(None)
+        engine, self.engine = getattr(self, "engine", None), None
+        try:
+            if engine is not None:
+                await asyncio.to_thread(engine.close)  # joins the engine thread: not on the loop
+        except Exception:
+            self.log.exception("mlx: closing the engine failed")
+        if hasattr(self, "kernel_env"):
+            self.kernel_env.restore()
+
+
+main = launch_instance = MLXExtension.launch_instance

@@ -1,0 +1,117 @@
+"""MLXHandler: what every `mlx/v1` route shares — auth, limits, readiness and error bodies.
+
+- Auth is Jupyter's: `Authorization: token|Bearer <t>` (what the openai SDK sends) works through
+  the server's IdentityProvider. The anthropic SDK sends `x-api-key: <t>` instead, so for these
+  routes only, that header is presented to the IdentityProvider as `Authorization: token <t>`
+  before it runs. Nothing is checked here: whatever provider the server uses (token, JupyterHub,
+  custom) still decides, and a token-authenticated request skips XSRF exactly as it would anyway.
+- No credentials (or wrong ones) is 401, so SDKs raise their AuthenticationError; an
+  authenticated user the authorizer refuses stays 403.
+- Every error is JSON in the route's wire shape (OpenAI, or Anthropic for `messages`), never a
+  traceback: `write_error` renders `APIError`s from the api layer, engine `RequestError`s as 400s,
+  tornado's HTTPErrors, and anything unexpected as a plain 500.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+from tornado import web
+
+from mlx_nb.api import APIError, from_request_error, model_loading, request_too_large, server_error
+from mlx_nb.engine.types import RequestError
+
+RETRY_AFTER_S = 2
+_KINDS = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error"}
+
+
+class MLXHandler(ExtensionHandlerMixin, APIHandler):
+    auth_resource = "mlx"
+    anthropic = False  # error bodies in Anthropic's shape (the `messages` route)
+
+    @property
+    def ext(self):
+        """The MLXExtension that owns the engine."""
+        return self.extensionapp
+
+    # -- auth and limits ---------------------------------------------------------------------
+    async def prepare(self):
+        key = self.request.headers.get("x-api-key")
+        if key and not self.request.headers.get("Authorization", "").strip():
+            self.request.headers["Authorization"] = f"token {key}"
+        try:
+            await super().prepare()
+        except web.HTTPError as exc:
+            if exc.status_code == 403 and getattr(self, "_jupyter_current_user", None) is None and self.check_host():
+                raise web.HTTPError(401, "missing or invalid token: send Authorization: Bearer <token>") from None
+            raise
+        if self.request.method in ("POST", "PUT", "PATCH"):
+            self._check_body_size()
+
+    def _check_body_size(self) -> None:
+        limit = self.ext.max_body_bytes
+        declared = self.request.headers.get("Content-Length", "")
+        size = max(len(self.request.body), int(declared) if declared.isdigit() else 0)
+        if size > limit:
+            raise request_too_large(size, limit)
+
+    # -- the engine --------------------------------------------------------------------------
+    def engine(self):
+        """The engine, created on first use when `load_on_start` is off."""
+        return self.ext.start_engine()
+
+    def ready_engine(self):
+        """The engine if it can take requests; else the 503 that says why."""
+        engine = self.engine()
+        if engine.ready:
+            return engine
+        if engine.load_error is not None:  # retrying will not help: no Retry-After
+            raise APIError(
+                503,
+                f"model {engine.model_name} failed to load: {engine.load_error}",
+                "service_unavailable",
+                None,
+                "model_load_failed",
+            )
+        raise model_loading(f"model {engine.model_name}")
+
+    # -- writing -----------------------------------------------------------------------------
+    def write_json(self, body: Any) -> None:
+        self.finish(json.dumps(body, ensure_ascii=False))
+
+    def log_exception(self, typ, value, tb) -> None:
+        if isinstance(value, (APIError, RequestError)):  # the client's mistake: no traceback
+            self.log.info("mlx: %s %s -> %s", self.request.method, self.request.path, value)
+            return
+        super().log_exception(typ, value, tb)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = (kwargs.get("exc_info") or (None, None, None))[1]
+        error = as_api_error(status_code, exc, self._reason)
+        self.set_status(error.status)
+        if error.code == "model_loading":
+            self.set_header("Retry-After", str(RETRY_AFTER_S))
+        if error.status == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="mlx"')
+        self.finish(json.dumps(error.to_anthropic_dict() if self.anthropic else error.to_dict()))
+
+
+def as_api_error(status: int, exc: Optional[BaseException], reason: str = "") -> APIError:
+    """Any failure as an APIError; only our own messages reach the client, never a traceback."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestError):
+        return from_request_error(exc)
+    if isinstance(exc, web.HTTPError):
+        status = exc.status_code
+        message = exc.log_message or exc.reason or reason
+        if exc.log_message and exc.args:  # tornado formats log_message with its args
+            message = exc.log_message % exc.args
+        kind = _KINDS.get(status, "invalid_request_error" if status < 500 else "server_error")
+        return APIError(status, message, kind, None, None)
+    if status < 500:
+        return APIError(status, reason or "bad request", "invalid_request_error")
+    return server_error("internal server error: see the Jupyter server log")

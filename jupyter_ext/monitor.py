@@ -1,0 +1,167 @@
+"""The observing routes: status, cache layout, batch events (SSE or JSON), health, and JSON 404s.
+
+Engine calls that wait for the engine thread (`status`, `cache_layout`: up to one batch step) run
+in a worker thread so the server's event loop never blocks on MLX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from jupyter_server.auth.decorator import allow_unauthenticated, authorized
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from jupyter_ext.base import RETRY_AFTER_S, MLXHandler
+from mlx_nb.api import invalid_request, not_found, sse_comment, sse_event
+
+KEEPALIVE_S = 15.0  # a comment this often keeps proxies from closing an idle stream
+MAX_BACKLOG = 1000  # events queued for one slow reader before it falls back to the event log
+RESYNC = object()
+
+
+class StatusHandler(MLXHandler):
+    """Engine and per-request status; answers while the model loads (`loading: true`)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        self.write_json(await asyncio.to_thread(self.engine().status))
+
+
+class CacheHandler(MLXHandler):
+    """The KV-cache layout: of a fresh cache, or of a live request's with `?request=ID`."""
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        engine = self.ready_engine()
+        request_id = self.get_argument("request", None) or None
+        try:
+            self.write_json(await asyncio.to_thread(engine.cache_layout, request_id))
+        except KeyError as exc:
+            raise not_found(str(exc.args[0]) if exc.args else f"no live request {request_id!r}") from None
+
+
+class EventsHandler(MLXHandler):
+    """BatchEvents after `?since=N` (or `Last-Event-ID`): a live SSE stream, or with `?stream=0`
+    the recorded ones as a JSON list. Each SSE event carries `id: <seq>` so a reconnecting
+    EventSource resumes where it stopped."""
+
+    queue = None
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        since = self._since()
+        engine = self.engine()
+        if self.get_argument("stream", "1").lower() in ("0", "false", "no"):
+            self.write_json(engine.events(since))
+            return
+        await self._stream(engine, since)
+
+    def _since(self) -> int:
+        raw = self.get_argument("since", None) or self.request.headers.get("Last-Event-ID") or "0"
+        if not raw.isdigit():
+            raise invalid_request(f"since must be a non-negative integer, not {raw!r}", "since")
+        return int(raw)
+
+    def _offer(self, event) -> None:
+        """On the loop: queue one event. A reader that lags too far gets its queue swapped for one
+        RESYNC marker and re-reads the engine's own event log, so memory stays bounded."""
+        if self.queue.qsize() >= MAX_BACKLOG:
+            held = [self.queue.get_nowait() for _ in range(self.queue.qsize())]
+            self.queue.put_nowait(RESYNC)
+            if None in held:  # keep a pending "stop"
+                self.queue.put_nowait(None)
+        else:
+            self.queue.put_nowait(event.to_dict())
+
+    async def _stream(self, engine, since: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.queue = asyncio.Queue()
+        # Subscribe before replaying, so nothing falls between the two; duplicates are skipped by seq.
+        unsubscribe = engine.subscribe(lambda event: loop.call_soon_threadsafe(self._offer, event))
+        self.ext.event_queues.add(self.queue)
+        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.set_header("Cache-Control", "no-cache")
+        self.set_header("X-Accel-Buffering", "no")
+        try:
+            self.write(sse_comment("mlx batch events"))
+            last = self._replay(engine, since)
+            await self.flush()
+            while True:
+                try:
+                    event = await asyncio.wait_for(self.queue.get(), KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    self.write(sse_comment("keep-alive"))
+                    await self.flush()
+                    continue
+                if event is None:  # the client left or the server is stopping
+                    break
+                if event is RESYNC:
+                    last = self._replay(engine, last)
+                elif event["seq"] > last:
+                    last = self._send(event)
+                await self.flush()
+        except StreamClosedError:
+            return
+        finally:
+            unsubscribe()
+            self.ext.event_queues.discard(self.queue)
+        self.finish(set_content_type="text/event-stream; charset=utf-8")
+
+    def _replay(self, engine, last: int) -> int:
+        """Write the recorded events after `last`; say so if the log no longer holds some."""
+        events = engine.events(last)
+        if events and events[0]["seq"] > last + 1 and last:
+            self.write(sse_comment(f"{events[0]['seq'] - last - 1} events were dropped: the reader fell behind"))
+        for event in events:
+            last = self._send(event)
+        return last
+
+    def _send(self, event: dict) -> int:
+        self.write(f"id: {event['seq']}\n".encode() + sse_event(event))
+        return event["seq"]
+
+    def on_connection_close(self):
+        if self.queue is not None:
+            self.queue.put_nowait(None)
+        super().on_connection_close()
+
+
+class HealthHandler(MLXHandler):
+    """Readiness: 200 `ok` (or `idle` before a lazy load), 503 `loading` / `error`.
+
+    Unauthenticated on purpose, like Jupyter's own `GET /api`: readiness probes (container
+    health checks, scripts waiting for a server they just started) often cannot hold the token,
+    and the body reveals one word — no model name, no paths, no error text.
+    """
+
+    @allow_unauthenticated
+    def get(self):
+        engine = self.ext.engine
+        if engine is None:
+            status, code = "idle", 200
+        elif engine.ready:
+            status, code = "ok", 200
+        elif engine.load_error is not None:
+            status, code = "error", 503
+        else:
+            status, code = "loading", 503
+            self.set_header("Retry-After", str(RETRY_AFTER_S))
+        self.set_status(code)
+        self.write_json({"status": status})
+
+
+class NotFoundHandler(MLXHandler):
+    """Any other path under `mlx/v1`: a JSON 404 (after auth, so it reveals nothing)."""
+
+    def _missing(self, *args):
+        raise not_found(f"no route {self.request.method} {self.request.path}")
+
+    get = web.authenticated(authorized(_missing))
+    post = web.authenticated(authorized(_missing))
+    put = web.authenticated(authorized(_missing))
+    patch = web.authenticated(authorized(_missing))
+    delete = web.authenticated(authorized(_missing))

@@ -1,0 +1,308 @@
+"""A real `jupyter mlx` process on loopback, driven the way users drive it: the openai and anthropic
+SDKs, many concurrent streams, a client that hangs up, and two kernels started by the server.
+
+One server for the module (it takes a few seconds to start); each test reads only the batch
+events recorded after it began (`since`), so tests do not see each other's requests.
+"""
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+from server_helpers import MODEL
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(autouse=True)
+def jp_server_cleanup():
+    """pytest-jupyter's cleanup is for in-process servers; this module runs its own process."""
+    yield
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Live:
+    def __init__(self, root: Path):
+        self.port, self.token, self.root = free_port(), secrets.token_hex(16), root
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.url = f"{self.base}/mlx/v1"
+        self.runtime = root / "runtime"
+        self.http = httpx.Client(headers={"Authorization": f"token {self.token}"}, timeout=60, trust_env=False)
+
+    def get(self, path: str, **params):
+        r = self.http.get(f"{self.url}/{path}", params=params)
+        r.raise_for_status()
+        return r.json()
+
+    def last_seq(self) -> int:
+        events = self.get("events", stream=0)
+        return events[-1]["seq"] if events else 0
+
+    def events(self, since: int) -> list[dict]:
+        return self.get("events", stream=0, since=since)
+
+    def wait_event(self, since: int, match, timeout: float = 10.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.events(since) if match(e)]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError("no matching batch event")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    root = tmp_path_factory.mktemp("live")
+    server = Live(root)
+    (root / "notebooks").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_NB_URL") and k != "MLX_NB_TOKEN"}
+    env.update(JUPYTER_RUNTIME_DIR=str(server.runtime), JUPYTER_CONFIG_DIR=str(root / "config"))
+    cmd = [
+        str(Path(sys.executable).with_name("jupyter")),
+        "mlx",
+        "--allow-root",
+        "--ip=127.0.0.1",
+        f"--port={server.port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={server.token}",
+        "--ServerApp.open_browser=False",
+        "--ServerApp.allow_unauthenticated_access=False",
+        f"--ServerApp.root_dir={root / 'notebooks'}",
+        f"--MLXExtension.model={MODEL}",
+    ]
+    with open(root / "server.log", "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "server not healthy in 60 s"
+            try:  # health needs no token
+                if httpx.get(f"{server.url}/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield server
+    finally:
+        server.http.close()
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def openai_client(live) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.url, api_key=live.token, max_retries=0)
+
+
+def test_openai_chat_and_stream(live):
+    client = openai_client(live)
+    reply = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=8)
+    assert reply.model == MODEL and reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage.completion_tokens <= 8
+
+    text, reasons, usage = "", [], None
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=8, stream=True, stream_options={"include_usage": True}
+    ):
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            reasons.append(choice.finish_reason)
+    assert text == reply.choices[0].message.content  # greedy: the same reply either way
+    assert reasons[-1] == reply.choices[0].finish_reason and usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_openai_completions(live):
+    client = openai_client(live)
+    reply = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6)
+    assert reply.object == "text_completion" and reply.choices[0].finish_reason in ("stop", "length")
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, stream=True)
+    )
+    assert streamed == reply.choices[0].text
+
+
+def test_openai_tools_round_trip(live):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    client = openai_client(live)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools, max_tokens=24
+    )
+    choice = reply.choices[0]  # a random tiny model: only the round trip is meaningful
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    for call in choice.message.tool_calls or []:
+        assert call.type == "function" and isinstance(call.function.arguments, str)
+    # a tool result sent back is accepted too
+    followup = client.chat.completions.create(
+        model=MODEL,
+        max_tokens=4,
+        tools=tools,
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+    )
+    assert followup.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_sixteen_concurrent_streams_share_batches(live):
+    since = live.last_seq()
+    client = openai_client(live)
+    start = threading.Barrier(16)
+    results: dict[int, tuple] = {}
+
+    def chat(i: int):
+        start.wait()
+        ids, text, reason = set(), "", None
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"count to {i}"}], max_tokens=300, stream=True
+        )
+        for chunk in stream:
+            ids.add(chunk.id)
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                reason = choice.finish_reason or reason
+        results[i] = (ids, text, reason)
+
+    threads = [threading.Thread(target=chat, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 16 and all(reason in ("stop", "length") for _, _, reason in results.values())
+    request_ids = {next(iter(ids)).removeprefix("chatcmpl-") for ids, _, _ in results.values()}
+    assert len(request_ids) == 16
+    steps = [e for e in live.events(since) if e["kind"] == "step"]
+    widest = max(steps, key=lambda e: len(e["requests"]))
+    assert len(widest["requests"]) >= 8, f"widest step held {len(widest['requests'])} requests"
+    assert set(widest["requests"]) <= request_ids
+
+
+def test_anthropic_sdk(live):
+    client = anthropic.Anthropic(base_url=f"{live.base}/mlx", api_key=live.token, max_retries=0)
+    message = client.messages.create(model=MODEL, max_tokens=8, system="Be brief.", messages=HI)
+    assert message.role == "assistant" and message.stop_reason in ("end_turn", "max_tokens")
+    assert message.content[0].type == "text" and message.usage.output_tokens <= 8
+    with client.messages.stream(model=MODEL, max_tokens=8, system="Be brief.", messages=HI) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == message.content[0].text == final.content[0].text
+    assert final.stop_reason == message.stop_reason
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="claude-nope", max_tokens=8, messages=HI)
+
+
+def test_disconnect_mid_stream_frees_the_slot(live):
+    since = live.last_seq()
+    request = {"model": MODEL, "messages": HI, "max_tokens": 3000, "stream": True}
+    auth = {"Authorization": f"Bearer {live.token}"}
+    with (
+        httpx.Client(timeout=30, trust_env=False) as client,
+        client.stream("POST", f"{live.url}/chat/completions", json=request, headers=auth) as response,
+    ):
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                request_id = json.loads(line[6:])["id"].removeprefix("chatcmpl-")
+                break
+    # leaving the block closed the connection right after the first chunk
+    aborted = live.wait_event(since, lambda e: e["kind"] == "filter" and request_id in e["requests"])
+    assert aborted["detail"]["reason"] == "abort"
+    assert request_id not in [r["id"] for r in live.get("status")["requests"]]
+
+
+KERNEL_CHAT = """
+import os, httpx
+reply = httpx.post(os.environ["MLX_NB_URL"] + "/chat/completions", timeout=60, trust_env=False,
+                   headers={"Authorization": "Bearer " + os.environ["MLX_NB_TOKEN"]},
+                   json={"messages": [{"role": "user", "content": "hello from a kernel"}], "max_tokens": 1500})
+print(reply.json()["id"])
+"""
+
+
+def test_two_kernels_share_the_engine(live):
+    from jupyter_client import BlockingKernelClient
+
+    clients = []
+    try:
+        for _ in range(2):
+            r = live.http.post(f"{live.base}/api/kernels", json={"name": "python3"})
+            r.raise_for_status()
+            connection = live.runtime / f"kernel-{r.json()['id']}.json"
+            kc = BlockingKernelClient(connection_file=str(connection))
+            kc.load_connection_file()
+            kc.start_channels()
+            clients.append(kc)
+        for kc in clients:
+            kc.wait_for_ready(timeout=60)
+            # (httpx imported now, so the chat cells below start as soon as they arrive)
+            assert run(kc, [kc.execute('import os, httpx; print(os.environ["MLX_NB_URL"])')]) == [live.url]
+        since = live.last_seq()
+        sent = [kc.execute(KERNEL_CHAT) for kc in clients]  # back to back: the two requests overlap
+        ids = [run(kc, [msg])[0].removeprefix("chatcmpl-") for kc, msg in zip(clients, sent)]
+        shared = [e for e in live.events(since) if e["kind"] == "step" and set(ids) <= set(e["requests"])]
+        assert shared, f"no batch step held both kernels' requests {ids}"
+    finally:
+        for kc in clients:
+            kc.stop_channels()
+        for kernel in live.http.get(f"{live.base}/api/kernels").json():
+            live.http.delete(f"{live.base}/api/kernels/{kernel['id']}")
+
+
+def run(kc, msg_ids: list[str], timeout: float = 60) -> list[str]:
+    """The stdout lines of executed cells (by message id), once each is idle; errors fail the test."""
+    out: list[str] = []
+    pending = set(msg_ids)
+    while pending:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        parent = msg["parent_header"].get("msg_id")
+        if parent not in pending:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out += content["text"].splitlines()
+        elif kind == "error":
+            raise AssertionError("\n".join(content["traceback"]))
+        elif kind == "status" and content["execution_state"] == "idle":
+            pending.discard(parent)
+    return out
