@@ -75,6 +75,8 @@ class Engine:
         self._ready = threading.Event()
         self._load_error: Optional[BaseException] = None
         self._closed = False
+        self._stopped = False  # the engine thread has left its loop; guarded by _stop_lock
+        self._stop_lock = threading.Lock()
         self._started = time.time()
         self._peak_batch = 0
         self._memory = {"active_bytes": 0, "peak_bytes": 0}
@@ -122,6 +124,9 @@ class Engine:
             while cmd is not None:
                 if not self._handle(cmd):
                     runner.close()
+                    with self._stop_lock:
+                        self._stopped = True
+                    self._refuse_pending()
                     return
                 try:
                     cmd = self._commands.get_nowait()
@@ -178,6 +183,18 @@ class Engine:
         elif kind == "close":
             return False
         return True
+
+    def _refuse_pending(self) -> None:
+        """Commands that raced with close(): their callers must not wait forever."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "submit":
+                cmd[1].finish("abort", error="the engine was closed before this request started")
+            elif cmd[0] == "call":
+                cmd[2].set_exception(EngineClosedError("the engine is closed"))
 
     def _after_step(self) -> None:
         import mlx.core as mx
@@ -265,7 +282,11 @@ class Engine:
             images=images,
             extra=extra,
         )
-        self._commands.put(("submit", live))
+        with self._stop_lock:
+            if not self._stopped:
+                self._commands.put(("submit", live))
+                return handle
+        live.finish("abort", error="the engine was closed before this request started")
         return handle
 
     def _prompt_tokens(self, request: Request) -> tuple[list[int], list[int]]:

@@ -83,3 +83,15 @@ def test_logprobs_top_k(llama_engine):
         assert len(lp.top) == 4
         assert lp.top[0][1] >= lp.top[-1][1]
         assert abs(lp.logprob - lp.top[0][1]) < 1e-5  # greedy picks the most likely token
+
+
+def test_a_submit_racing_with_close_ends_instead_of_hanging():
+    from mlx_nb import Engine
+
+    engine = Engine("tiny-llama", wait=True)
+    engine._commands.put(("close",))  # the engine thread stops without close() marking it closed,
+    engine._job.join(30)  # as when a submit passes its checks just before another thread closes
+    handle = engine.submit(prompt="late", max_tokens=4)
+    result = handle.result(timeout=30)
+    assert result.finish_reason == "abort" and "closed" in result.error
+    engine.close()
