@@ -67,7 +67,7 @@ def _running(name, cmd, ready_url, base_url, api_key, model, env=None, log: Opti
 def mlx_nb_server(model: str, log: Optional[Path] = None):
     """This project: `jupyter mlx`, the shared engine behind the Jupyter route."""
     port = free_port()
-    cmd = [PY, "-m", "jupyter", "mlx", f"--port={port}", "--ServerApp.open_browser=False",
+    cmd = [PY, "-m", "jupyter", "mlx", f"--port={port}", "--ServerApp.open_browser=False", "--allow-root",
            f"--IdentityProvider.token={TOKEN}", f"--MLXExtension.model={model}", "--ServerApp.ip=127.0.0.1"]
     base = f"http://127.0.0.1:{port}/mlx/v1"
     return _running("mlx-nb", cmd, f"{base}/health?ready=1", base, TOKEN, model, log=log)

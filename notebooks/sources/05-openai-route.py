@@ -1,0 +1,120 @@
+# %% [markdown]
+# # The OpenAI-compatible route: any SDK, one shared engine
+#
+# The Jupyter server extension serves the engine over HTTP under `{base_url}mlx/v1/`, with the
+# server's own authentication. Anything that speaks the OpenAI API — the `openai` SDK, `curl`,
+# editors, agents — or the Anthropic Messages API can use it, and every one of them shares the batch
+# with your notebooks.
+#
+# In JupyterLab started with `make lab` the route is already there, and kernels find it through the
+# `MLX_NB_URL` and `MLX_NB_TOKEN` variables. To keep this tutorial self-contained, it starts its own
+# headless server (`jupyter mlx`) on a free local port.
+
+# %%
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+token = secrets.token_hex(16)
+jupyter = str(Path(sys.executable).with_name("jupyter"))
+server = subprocess.Popen(
+    [jupyter, "mlx", "--allow-root", "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
+     "--ServerApp.open_browser=False", "--MLXExtension.model=smollm2-135m-instruct"],
+    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+base = f"http://127.0.0.1:{port}/mlx/v1"
+for _ in range(600):  # the health route needs no token: it only says whether the model is ready
+    try:
+        if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+            break
+    except httpx.HTTPError:
+        pass
+    time.sleep(0.2)
+
+# %% [markdown]
+# ## The openai SDK
+# The server's token is the API key (it is sent as `Authorization: Bearer <token>`).
+
+# %%
+from openai import OpenAI
+
+client = OpenAI(base_url=base, api_key=token)
+
+# %% tags=["nbval-check-output"]
+print([m.id for m in client.models.list().data])
+
+# %% tags=["nbval-check-output"]
+reply = client.chat.completions.create(
+    model="smollm2-135m-instruct",
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
+    max_tokens=24,
+    temperature=0,
+)
+print(reply.choices[0].message.content)
+print(reply.choices[0].finish_reason, reply.usage.completion_tokens, "tokens")
+
+# %% [markdown]
+# Streaming works as with any OpenAI server: chunks arrive as server-sent events.
+
+# %% tags=["nbval-check-output"]
+stream = client.chat.completions.create(
+    model="smollm2-135m-instruct",
+    messages=[{"role": "user", "content": "Name three colours."}],
+    max_tokens=24,
+    temperature=0,
+    stream=True,
+)
+pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+print(len(pieces) > 3, "".join(pieces))
+
+# %% [markdown]
+# ## Tools
+# Tools are offered in the prompt with the model's chat template; calls the model writes are parsed
+# back into `tool_calls`. A 135M model is not a reliable tool user, so we only look at what came back.
+
+# %% tags=["nbval-ignore-output"]
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+reply = client.chat.completions.create(
+    model="smollm2-135m-instruct", tools=tools, max_tokens=48, temperature=0,
+    messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+)
+print(reply.choices[0].finish_reason, reply.choices[0].message.tool_calls or reply.choices[0].message.content)
+
+# %% [markdown]
+# ## The anthropic SDK
+# The Messages API is served too; the Anthropic SDK sends its key as `x-api-key`, which the route
+# accepts in place of the token header. (Sampling is greedy unless a temperature is given.)
+
+# %% tags=["nbval-check-output"]
+from anthropic import Anthropic
+
+claude_style = Anthropic(base_url=f"http://127.0.0.1:{port}/mlx", api_key=token)
+message = claude_style.messages.create(
+    model="smollm2-135m-instruct", max_tokens=24,
+    system="Answer in one sentence.",
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
+)
+print(message.content[0].text)
+print(message.stop_reason)
+
+# %% [markdown]
+# ## Without the token, nothing
+# Every model route requires the Jupyter identity.
+
+# %% tags=["nbval-check-output"]
+print(httpx.post(f"{base}/chat/completions", json={"messages": []}).status_code)
+
+# %%
+server.terminate()
+server.wait(30);
