@@ -101,11 +101,12 @@ def main() -> None:
     if "plain" not in skip:
         print("mlx_lm.server", flush=True)
         with servers.mlx_lm_server(f16_dir, fast_runtime=False, log=logs / "mlx_lm.log") as s:
-            runs["peer"] = measure(s, levels, args.max_tokens, extras=True)
+            # no prefix/interference extras: an 8k-token prefill on the reference BLAS takes half an hour
+            runs["peer"] = measure(s, levels, args.max_tokens, extras=False)
     if "runtime" not in skip:
         print("mlx_lm.server + runtime", flush=True)
         with servers.mlx_lm_server(f32_dir, fast_runtime=True, log=logs / "mlx_lm_runtime.log") as s:
-            runs["peer_runtime"] = measure(s, levels, args.max_tokens, extras=False)
+            runs["peer_runtime"] = measure(s, levels, args.max_tokens, extras=True)
     if "llamacpp" not in skip and importlib.util.find_spec("llama_cpp") is not None:
         with servers.llama_cpp_server(_smollm2_gguf(), log=logs / "llama_cpp.log") as s:
             runs["llama_cpp"] = measure(s, levels, args.max_tokens, extras=False)
