@@ -70,7 +70,7 @@ def mlx_nb_server(model: str, log: Optional[Path] = None):
     cmd = [PY, "-m", "jupyter", "mlx", f"--port={port}", "--ServerApp.open_browser=False", "--allow-root",
            f"--IdentityProvider.token={TOKEN}", f"--MLXExtension.model={model}", "--ServerApp.ip=127.0.0.1"]
     base = f"http://127.0.0.1:{port}/mlx/v1"
-    return _running("mlx-nb", cmd, f"{base}/health?ready=1", base, TOKEN, model, log=log)
+    return _running("mlx-nb", cmd, f"{base}/health", base, TOKEN, model, log=log)
 
 
 def mlx_lm_server(model_dir: Path, *, fast_runtime: bool, log: Optional[Path] = None):

@@ -18,9 +18,7 @@ from traitlets import Bool, Int, List, Unicode, default
 
 from jupyter_ext import handlers, monitor
 from jupyter_ext.kernel_env import KernelEnv
-
-DEFAULT_MODEL = "smollm2-135m-instruct"  # = mlx_nb.models.sources.DEFAULT_MODEL, without importing MLX here
-
+from mlx_nb.models.sources import DEFAULT_MODEL
 
 ROUTES = [
     (r"mlx/v1/models", handlers.ModelsHandler),

@@ -21,7 +21,13 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
-from mlx_nb.api import APIError, from_request_error, model_loading, request_too_large, server_error
+from mlx_nb.api import (
+    APIError,
+    from_request_error,
+    model_loading,
+    request_too_large,
+    server_error,
+)
 from mlx_nb.engine.types import RequestError
 
 RETRY_AFTER_S = 2

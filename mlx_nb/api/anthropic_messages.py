@@ -19,7 +19,14 @@ from pydantic import Field, field_validator, model_validator
 from mlx_nb.api.anthropic_stream import MessagesStream, anthropic_usage, stop_reason
 from mlx_nb.api.errors import server_error
 from mlx_nb.api.ids import prefixed_id
-from mlx_nb.api.request_common import WireModel, check_max_tokens, check_model, load_body, stop_list, validate
+from mlx_nb.api.request_common import (
+    WireModel,
+    check_max_tokens,
+    check_model,
+    load_body,
+    stop_list,
+    validate,
+)
 from mlx_nb.api.tool_calls import ToolParser, anthropic_tool_use, split_tool_calls
 from mlx_nb.engine.types import Result
 

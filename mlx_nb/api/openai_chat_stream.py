@@ -13,7 +13,12 @@ import json
 from typing import TYPE_CHECKING, Any, Optional
 
 from mlx_nb.api.ids import prefixed_id
-from mlx_nb.api.openai_common import chat_logprobs, error_chunk, finish_reason, usage_dict
+from mlx_nb.api.openai_common import (
+    chat_logprobs,
+    error_chunk,
+    finish_reason,
+    usage_dict,
+)
 from mlx_nb.api.tool_calls import ToolCallSplitter, ToolParser, openai_tool_call
 from mlx_nb.engine.types import Delta, TokenLogprob
 

@@ -14,7 +14,12 @@ from pydantic import Field, field_validator
 
 from mlx_nb.api.errors import server_error
 from mlx_nb.api.ids import prefixed_id
-from mlx_nb.api.openai_common import completion_logprobs, error_chunk, finish_reason, usage_dict
+from mlx_nb.api.openai_common import (
+    completion_logprobs,
+    error_chunk,
+    finish_reason,
+    usage_dict,
+)
 from mlx_nb.api.request_common import (
     SamplingFields,
     WireModel,

@@ -12,7 +12,12 @@ from typing import Any, Iterable, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mlx_nb.api.errors import APIError, from_validation_error, invalid_request, model_not_found
+from mlx_nb.api.errors import (
+    APIError,
+    from_validation_error,
+    invalid_request,
+    model_not_found,
+)
 
 M = TypeVar("M", bound=BaseModel)
 

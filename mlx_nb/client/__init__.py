@@ -3,7 +3,13 @@
 from mlx_nb.client.backends import close_engines, shared_engine
 from mlx_nb.client.client import Client, openai_client
 from mlx_nb.client.content import build_messages, image_url
-from mlx_nb.client.streams import AsyncChatStream, ChatReply, ChatStream, ClientError, MlxConnectionError
+from mlx_nb.client.streams import (
+    AsyncChatStream,
+    ChatReply,
+    ChatStream,
+    ClientError,
+    MlxConnectionError,
+)
 
 __all__ = [
     "AsyncChatStream",

@@ -12,7 +12,14 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Optional
 
-from mlx_nb.client.streams import AsyncChatStream, ChatStream, ClientError, MlxConnectionError, _Stream, _usage
+from mlx_nb.client.streams import (
+    AsyncChatStream,
+    ChatStream,
+    ClientError,
+    MlxConnectionError,
+    _Stream,
+    _usage,
+)
 
 # -- shared embedded engines ----------------------------------------------------------------
 _ENGINES: dict[str, Any] = {}
@@ -69,7 +76,8 @@ class _Embedded:
         eng = self.engine(st.model)
         if not eng.ready:
             await asyncio.to_thread(eng.wait_ready)
-        handle = eng.submit(messages=messages, **params)
+        # submit templates, tokenizes and decodes images: off the event loop
+        handle = await asyncio.to_thread(eng.submit, messages=messages, **params)
         st._opened(handle.id, handle.abort, drains=True)
         async for d in handle:
             yield d.text, d.finish_reason, _usage(d.usage), d.error

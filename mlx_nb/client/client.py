@@ -14,7 +14,13 @@ from typing import Any, Callable, Optional
 from mlx_nb.client import backends
 from mlx_nb.client.backends import _Embedded, _Remote
 from mlx_nb.client.content import build_messages
-from mlx_nb.client.streams import AsyncChatStream, ChatReply, ChatStream, ClientError, _Stream
+from mlx_nb.client.streams import (
+    AsyncChatStream,
+    ChatReply,
+    ChatStream,
+    ClientError,
+    _Stream,
+)
 
 
 class Client:

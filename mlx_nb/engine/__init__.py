@@ -2,7 +2,14 @@
 
 from mlx_nb.engine.engine import Engine, EngineClosedError
 from mlx_nb.engine.handle import RequestHandle
-from mlx_nb.engine.types import Delta, Request, RequestError, Result, SamplingParams, Usage
+from mlx_nb.engine.types import (
+    Delta,
+    Request,
+    RequestError,
+    Result,
+    SamplingParams,
+    Usage,
+)
 
 __all__ = [
     "Delta",

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Optional
 
 from mlx_nb.engine import workers
@@ -29,7 +30,8 @@ from mlx_nb.engine.prefix import segment_boundaries
 from mlx_nb.engine.prompts import encode_prompt, render_chat
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
-from mlx_nb.engine.types import Request, RequestError, SamplingParams
+from mlx_nb.engine.types import Request, RequestError, SamplingParams, first_line
+from mlx_nb.models.loader import ModelLoadError
 
 log = logging.getLogger("mlx_nb.engine")
 
@@ -78,8 +80,6 @@ class Engine:
         self._stopped = False  # the engine thread has left its loop; guarded by _stop_lock
         self._stop_lock = threading.Lock()
         self._started = time.time()
-        self._peak_batch = 0
-        self._memory = {"active_bytes": 0, "peak_bytes": 0}
         self._runtime: Optional[dict] = None  # read on the engine thread: it asks MLX for the device
         self._ids = itertools.count(1)
         self._job = workers.start(self._run)
@@ -111,10 +111,21 @@ class Engine:
         try:
             self._load()
         except BaseException as exc:  # reported to every caller through wait_ready()
-            self._load_error = exc
+            self._load_error = exc if isinstance(exc, ValueError) else ModelLoadError(
+                f"could not load {self.model_name}: {type(exc).__name__}: {first_line(exc)}"
+            )
             self._ready.set()
             return
         self._ready.set()
+        try:
+            self._serve()
+        finally:  # closed, or an unexpected error: nobody may be left waiting
+            with self._stop_lock:
+                self._stopped = True
+            self._runner.close()
+            self._refuse_pending()
+
+    def _serve(self) -> None:
         runner = self._runner
         while True:
             try:
@@ -123,10 +134,6 @@ class Engine:
                 cmd = None
             while cmd is not None:
                 if not self._handle(cmd):
-                    runner.close()
-                    with self._stop_lock:
-                        self._stopped = True
-                    self._refuse_pending()
                     return
                 try:
                     cmd = self._commands.get_nowait()
@@ -134,7 +141,6 @@ class Engine:
                     cmd = None
             if runner.active:
                 runner.step()
-                self._after_step()
 
     def _load(self) -> None:
         from mlx_nb.engine.prefix import PrefixCache
@@ -146,7 +152,7 @@ class Engine:
         loaded = load_model(self.model_name)
         unbatchable = [type(c).__name__ for c in loaded.make_cache() if not is_batchable(c)]
         if unbatchable:
-            raise RequestError(
+            raise ModelLoadError(
                 f"{self.model_name} uses {sorted(set(unbatchable))} caches, which cannot be batched: "
                 "load a model without quantized/chunked KV caches"
             )
@@ -171,9 +177,12 @@ class Engine:
                 else:
                     self._runner.admit(live)
             except Exception as exc:
-                live.finish("error", error=f"could not start the request: {type(exc).__name__}: {exc}")
+                live.finish("error", error=f"could not start the request: {type(exc).__name__}: {first_line(exc)}")
         elif kind == "abort":
-            self._runner.abort(cmd[1])
+            try:
+                self._runner.abort(cmd[1])
+            except Exception as exc:  # the runner recovers on its next step; the abort is logged
+                log.exception("mlx_nb: abort of %s failed: %s", cmd[1], first_line(exc))
         elif kind == "call":
             fn, fut = cmd[1], cmd[2]
             try:
@@ -196,12 +205,6 @@ class Engine:
             elif cmd[0] == "call":
                 cmd[2].set_exception(EngineClosedError("the engine is closed"))
 
-    def _after_step(self) -> None:
-        import mlx.core as mx
-
-        self._peak_batch = max(self._peak_batch, len(self._runner.decoding))
-        self._memory = {"active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory()}
-
     def _call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
         """Run `fn` on the engine thread between two steps and return its result."""
         if self.on_engine_thread:
@@ -209,7 +212,12 @@ class Engine:
         self._check_open()
         fut: Future = Future()
         self._commands.put(("call", fn, fut))
-        return fut.result(timeout)
+        try:
+            return fut.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(
+                f"the engine thread did not answer within {timeout:.0f} s (a long prefill?): try again"
+            ) from None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -330,6 +338,8 @@ class Engine:
         return {**base, **self._call(self._status_on_thread)}
 
     def _status_on_thread(self) -> dict:
+        import mlx.core as mx
+
         runner = self._runner
         requests = [lv.status() for lv in runner.live()]
         uptime = time.time() - self._started
@@ -337,14 +347,14 @@ class Engine:
             "kind": self.loaded.kind,
             "context_length": self.loaded.context_length,
             "batch_size": len(runner.decoding),
-            "peak_batch_size": self._peak_batch,
+            "peak_batch_size": runner.peak_batch,
             "queue_length": sum(1 for r in requests if r["phase"] == "queued"),
             "prefilling": sum(1 for r in requests if r["phase"] == "prefill"),
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,
             "tokens_per_s": runner.generated_tokens / uptime if uptime else 0.0,
-            "memory": dict(self._memory),
+            "memory": {"active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory()},
             "options": dict(self.options),
             "prefix_cache": runner.prefix.status() if runner.prefix else {"enabled": False},
             "requests": requests,

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
 
 @dataclass
@@ -47,9 +47,9 @@ class EventLog:
                 pass
         return event
 
-    def recent(self, since: int = 0, kinds: Optional[set] = None) -> list[BatchEvent]:
+    def recent(self, since: int = 0) -> list[BatchEvent]:
         with self._lock:
-            return [e for e in self._events if e.seq > since and (kinds is None or e.kind in kinds)]
+            return [e for e in self._events if e.seq > since]
 
     def subscribe(self, callback: Callable[[BatchEvent], None]) -> Callable[[], None]:
         """Call `callback(event)` for every new event; returns the unsubscribe function."""

@@ -7,6 +7,8 @@ Accepted in a message's content list, OpenAI style or directly:
 A url is a `data:` URL (png, jpeg, webp, gif: first frame), a local path or `file://` URL under one
 of the allowed roots, or an http(s) URL (refused unless remote images are allowed). Anything
 wrong raises a one-line RequestError naming the field, e.g. "messages[0].content[1]: ...".
+mlx_vlm's own `load_image` is not used because a server needs what it lacks: allowed roots, byte
+and pixel limits, remote URLs refused by default, and errors that name the offending part.
 """
 
 from __future__ import annotations

@@ -30,11 +30,6 @@ def is_trimmable(cache: Any) -> bool:
     return bool(fn()) if callable(fn) else False
 
 
-def all_trimmable(caches: list) -> bool:
-    """True only if EVERY layer can be trimmed (a first-layer check corrupts hybrid SSM state)."""
-    return bool(caches) and all(is_trimmable(c) for c in caches)
-
-
 def _arrays(cache: Any) -> list:
     if hasattr(cache, "keys") and hasattr(cache, "values") and not callable(getattr(cache, "keys")):
         return [a for a in (cache.keys, cache.values) if a is not None]
@@ -89,3 +84,13 @@ def describe(cache: Any) -> dict:
 
 def describe_layers(caches: list) -> list[dict]:
     return [{"layer": i, **describe(c)} for i, c in enumerate(caches)]
+
+
+def human_bytes(n) -> str:
+    """1536 -> '1.5 KiB': how the magics and widgets print cache sizes."""
+    n = n or 0
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"

@@ -42,7 +42,7 @@ class SamplerCache:
 
         if p.seed is not None and p.temperature > 0:
             return _seeded_sampler(p)
-        key = p.sampler_key()[:4]
+        key = p.sampler_key()
         if key not in self._shared:
             self._shared[key] = make_sampler(temp=p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
         return self._shared[key]

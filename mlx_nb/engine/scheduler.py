@@ -15,7 +15,7 @@ from mlx_nb.engine.events import EventLog
 from mlx_nb.engine.layout import cache_type_name, describe_layers
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.sampling import SamplerCache, logits_processors
-from mlx_nb.engine.types import TokenLogprob
+from mlx_nb.engine.types import TokenLogprob, first_line
 
 log = logging.getLogger("mlx_nb.engine")
 
@@ -47,6 +47,7 @@ class BatchRunner:
         self.generated_tokens = 0
         self.prompt_tokens = 0
         self.decoding: list[str] = []
+        self._peak_batch = 0
         self._bg = self._new_generator()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -61,6 +62,10 @@ class BatchRunner:
             prefill_batch_size=self.prefill_batch,
             prefill_step_size=self.prefill_step_size,
         )
+
+    @property
+    def peak_batch(self) -> int:
+        return self._peak_batch
 
     @property
     def active(self) -> bool:
@@ -120,7 +125,7 @@ class BatchRunner:
             try:
                 out = fn(tokens, logits)
             except Exception as exc:
-                live.failure = f"logits processor failed: {type(exc).__name__}: {exc}"
+                live.failure = f"logits processor failed: {type(exc).__name__}: {first_line(exc)}"
                 return logits
             return out
 
@@ -131,17 +136,18 @@ class BatchRunner:
         """One BatchGenerator step; a failure fails the requests in the batch, not the engine."""
         try:
             prompt_responses, gen_responses = self._bg.next()
+            self.steps += 1
+            for r in prompt_responses:
+                self._on_prompt(r)
+            for r in gen_responses:
+                self._on_token(r)
+            failed = [lv for lv in self.by_uid.values() if lv.failure is not None]
+            if failed:
+                self._remove(failed, "error")
         except Exception as exc:
             self._recover(exc)
             return
-        self.steps += 1
-        for r in prompt_responses:
-            self._on_prompt(r)
-        for r in gen_responses:
-            self._on_token(r)
-        failed = [lv for lv in self.by_uid.values() if lv.failure is not None]
-        if failed:
-            self._remove(failed, "error")
+        self._peak_batch = max(self._peak_batch, len(self.decoding))
         if self.decoding:
             self.events.publish("step", self.steps, list(self.decoding), batch_size=len(self.decoding))
 
@@ -236,7 +242,7 @@ class BatchRunner:
     def _recover(self, exc: Exception) -> None:
         """A step raised: fail every request in the batch, start a fresh generator, go on."""
         log.exception("mlx_nb: batch step failed; failing %d request(s) and rebuilding the batch", len(self.by_uid))
-        message = f"batch step failed: {type(exc).__name__}: {exc}"
+        message = f"batch step failed: {type(exc).__name__}: {first_line(exc)}"
         lives = list(self.by_uid.values())
         self.by_uid.clear()
         self.decoding.clear()

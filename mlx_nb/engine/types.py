@@ -11,6 +11,12 @@ from typing import Any, Literal, Optional
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception as one line, for messages that must stay one line."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class RequestError(ValueError):
     """A request the engine refuses at submit time. `field` names the offending input."""
 
@@ -79,7 +85,7 @@ class SamplingParams:
 
     def sampler_key(self) -> tuple:
         """Requests with equal keys share one sampler object, so the batch samples in one call."""
-        return (self.temperature, self.top_p, self.top_k, self.min_p, self.seed)
+        return (self.temperature, self.top_p, self.top_k, self.min_p)
 
 
 @dataclass

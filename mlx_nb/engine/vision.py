@@ -1,6 +1,6 @@
 """Vision-language models in the shared batch: load, adapter, per-request prefill.
 
-The recipe (notes/mlx-batching-facts.md §3): each request is prefilled ALONE (batch size 1) through
+The recipe: each request is prefilled ALONE (batch size 1) through
 mlx_vlm — vision tower, image features scattered into the prompt embeddings, 3-D mRoPE positions —
 over all but its last prompt token. Its cache is then MOVED into mlx_lm's BatchGenerator together
 with that last token, and decoded in the shared batch like any text request. Two small pieces make
@@ -50,7 +50,7 @@ class VisionLMAdapter(nn.Module):
             return self.language_model(inputs, **kwargs).logits
         layers = list(cache[:-1])
         out = self.language_model(inputs, cache=layers, rope_deltas=cache[-1].deltas, **kwargs)
-        # Hazard 2: with a one-row batch cache the LM REPLACES entries of the list it is given;
+        # With a one-row batch cache the LM REPLACES entries of the list it is given;
         # write them back into the list BatchGenerator holds, or the update is lost.
         cache[:-1] = layers
         return out.logits
@@ -193,7 +193,7 @@ def prefill_vision(
         extra, pixel_values = {}, None
     tokens = input_ids[0].tolist()
 
-    # Hazard 1: the LM keeps the last request's mRoPE state on the module; clear it, and pass
+    # The LM keeps the last request's mRoPE state on the module; clear it, and pass
     # explicit position ids below so nothing stale is ever read.
     for attr in ("_position_ids", "_rope_deltas"):
         if hasattr(lm, attr):

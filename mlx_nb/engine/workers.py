@@ -8,10 +8,12 @@ engine closes, its worker goes idle and the next engine reuses it.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Callable
 
+log = logging.getLogger("mlx_nb.engine")
 _idle: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
 _lock = threading.Lock()
 _count = 0
@@ -28,6 +30,8 @@ class _Worker:
             fn, done = self.jobs.get()
             try:
                 fn()
+            except BaseException:  # the thread must outlive any job (see the module docstring)
+                log.exception("mlx_nb: an engine loop ended with an error")
             finally:
                 done.set()
                 _idle.put(self)
@@ -42,9 +46,6 @@ class Job:
 
     def join(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
-
-    def is_alive(self) -> bool:
-        return not self._done.is_set()
 
 
 def start(fn: Callable[[], None], name: str = "mlx-nb-engine") -> Job:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import html
 from typing import Any, Optional
 
+from mlx_nb.engine.layout import human_bytes
+
 
 class Table:
     def __init__(self, columns: list[str], rows: list[list[Any]], title: str = "", note: str = ""):
@@ -43,15 +45,6 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _bytes(n: Optional[int]) -> str:
-    n = n or 0
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
-
-
 def status_table(status: dict, backend: str) -> Table:
     mem = status.get("memory") or {}
     rows = [
@@ -63,7 +56,7 @@ def status_table(status: dict, backend: str) -> Table:
         ["queued / prefilling", f"{status.get('queue_length', 0)} / {status.get('prefilling', 0)}"],
         ["steps", status.get("steps")],
         ["tokens generated / prompt", f"{status.get('generated_tokens', 0)} / {status.get('prompt_tokens', 0)}"],
-        ["memory active / peak", f"{_bytes(mem.get('active_bytes'))} / {_bytes(mem.get('peak_bytes'))}"],
+        ["memory active / peak", f"{human_bytes(mem.get('active_bytes'))} / {human_bytes(mem.get('peak_bytes'))}"],
     ]
     requests = status.get("requests") or []
     note = "; ".join(f"{r['id']}: {r['phase']} {r.get('generated_tokens', 0)}/{r.get('max_tokens', '?')} tokens"
@@ -80,7 +73,7 @@ def _layer_row(layer: dict) -> list:
         dtype = next((m.get("dtype") for m in members if m.get("dtype")), None)
     else:
         kind, shapes, offset, dtype = layer.get("type"), _shapes(layer), layer.get("offset"), layer.get("dtype")
-    return [layer.get("layer"), kind, offset, shapes, dtype, _bytes(layer.get("nbytes")), layer.get("trimmable")]
+    return [layer.get("layer"), kind, offset, shapes, dtype, human_bytes(layer.get("nbytes")), layer.get("trimmable")]
 
 
 def _shapes(layer: dict) -> str:
@@ -94,7 +87,7 @@ def cache_table(layout: dict) -> Table:
     who = f"request {layout['request']}" if layout.get("request") else "a fresh cache (no request given)"
     return Table(["layer", "type", "offset", "shapes", "dtype", "bytes", "trimmable"],
                  [_layer_row(layer) for layer in layers],
-                 title=f"KV cache of {layout.get('model')}: {who}", note=f"{len(layers)} layers, {_bytes(total)}")
+                 title=f"KV cache of {layout.get('model')}: {who}", note=f"{len(layers)} layers, {human_bytes(total)}")
 
 
 def models_table(names: list[str], current: Optional[str]) -> Table:

@@ -1,7 +1,12 @@
 """Model names, sources and loading."""
 
 from mlx_nb.models.loader import LoadedModel, ModelLoadError, load_model
-from mlx_nb.models.sources import DEFAULT_MODEL, ModelNotFoundError, available_offline, builtin_names
+from mlx_nb.models.sources import (
+    DEFAULT_MODEL,
+    ModelNotFoundError,
+    available_offline,
+    builtin_names,
+)
 
 __all__ = [
     "DEFAULT_MODEL",

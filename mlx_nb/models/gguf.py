@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from mlx_nb.models.atomic import COMPLETE_MARKER, build_atomically, is_complete
-from mlx_nb.models.gguf_meta import GGUFError, corrupt as _corrupt, meta as _meta, value as _value
+from mlx_nb.models.gguf_meta import GGUFError
+from mlx_nb.models.gguf_meta import corrupt as _corrupt
+from mlx_nb.models.gguf_meta import meta as _meta
+from mlx_nb.models.gguf_meta import value as _value
 from mlx_nb.models.gguf_tokenizer import write_tokenizer as _write_tokenizer
 
 GROUP_SIZE = 32  # every GGUF block type MLX keeps quantized (Q4_0, Q4_1, Q8_0) has 32 weights a block

@@ -6,7 +6,9 @@ import json
 import warnings
 from pathlib import Path
 
-from mlx_nb.models.gguf_meta import GGUFError, corrupt as _corrupt, meta as _meta
+from mlx_nb.models.gguf_meta import GGUFError
+from mlx_nb.models.gguf_meta import corrupt as _corrupt
+from mlx_nb.models.gguf_meta import meta as _meta
 
 # How each `tokenizer.ggml.pre` splits text before byte-level BPE, as in the original tokenizer.json.
 _LLAMA3_SPLIT = (
@@ -117,7 +119,9 @@ def _byte_level_bpe(src: Path, meta: dict, tokens: list[str]):
 def _sentencepiece(src: Path, meta: dict, tokens: list[str], types: list[int], ids: dict):
     """SentencePiece (Llama 2, Mistral, TinyLlama...) through transformers' own GGUF tokenizer builder."""
     try:
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            convert_gguf_tokenizer,
+        )
     except ImportError as exc:
         raise GGUFError(
             f"{src} has a SentencePiece tokenizer, which needs transformers>=5 with GGUF support: "

@@ -8,7 +8,7 @@ dtype policy (float32 on CPU, where quantized and half-precision matmuls don't u
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,11 +31,6 @@ class LoadedModel:
     processor: Any = None  # mlx_vlm processor for vision models
     vision_model: Any = None  # the full mlx_vlm model (vision tower + language model)
     dtype: str = "native"
-    extras: dict = field(default_factory=dict)
-
-    @property
-    def chat_template(self) -> Optional[str]:
-        return getattr(self.tokenizer, "chat_template", None)
 
     @property
     def context_length(self) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from html import escape
 
+from mlx_nb.engine.layout import human_bytes
+
 TYPE_COLORS = {
     "KVCache": "#1f77b4",
     "ArraysCache": "#ff7f0e",
@@ -25,14 +27,6 @@ WIDTH, ROW_H, TOP, LABEL_W, BAR_X = 760, 18, 28, 380, 390
 
 def color(kind: str) -> str:
     return TYPE_COLORS.get(kind, OTHER_COLOR)
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
 
 
 def _shape(entry: dict) -> str:
@@ -74,7 +68,7 @@ def build_cache_svg(layout: dict) -> str:
     legend_y = TOP + len(layers) * ROW_H + 10
     height = legend_y + 24
     who = f"request {layout['request']}" if layout.get("request") else "fresh cache"
-    head = f"{layout.get('model', '?')} - {who} - {len(layers)} layers - {_bytes(total)}"
+    head = f"{layout.get('model', '?')} - {who} - {len(layers)} layers - {human_bytes(total)}"
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="mlx-cache" width="{WIDTH}" height="{height}" '
            f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif">',
            f'<text x="8" y="16" font-size="12" font-weight="bold">{escape(head)}</text>']
@@ -98,7 +92,7 @@ def build_cache_svg(layout: dict) -> str:
                 out.append(f'<rect class="bar" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW_H - 6}" '
                            f'fill="{color(seg_kind)}"/>')
             x += w
-        out.append(f'<text x="{x + 4:.1f}" y="{y + ROW_H - 5}" font-size="10" fill="#555">{_bytes(nbytes)}</text></g>')
+        out.append(f'<text x="{x + 4:.1f}" y="{y + ROW_H - 5}" font-size="10" fill="#555">{human_bytes(nbytes)}</text></g>')
     out.append(f'<g class="legend" transform="translate(8,{legend_y})">')
     lx = 0
     for kind in _types(layers):

@@ -3,7 +3,7 @@
 import pytest
 
 from mlx_nb import Engine
-from mlx_nb.engine.layout import all_trimmable
+from mlx_lm.models.cache import can_trim_prompt_cache
 from mlx_nb.engine.prefix import PrefixCache
 
 SYSTEM = "You are a terse assistant. " * 6  # long enough to cross tiny-gemma3's window of 8
@@ -42,17 +42,19 @@ def test_warm_equals_cold(name):
     assert sum(stats["hits"][k] for k in ("exact", "shorter", "trimmed")) >= 3
 
 
-def test_trimmability_is_decided_over_every_layer():
+def test_upstream_trim_check_covers_every_layer():
+    """PrefixCache trims only when mlx_lm's `can_trim_prompt_cache` says so: pin that it looks at
+    EVERY layer, so an upstream change to a first-layer check (seed 001) fails here, loudly."""
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-    assert all_trimmable([KVCache(), KVCache()])
-    assert not all_trimmable([KVCache(), ArraysCache(2)])  # a first-layer check would say True
-    assert not all_trimmable([ArraysCache(2), KVCache()])
+    assert can_trim_prompt_cache([KVCache(), KVCache()])
+    assert not can_trim_prompt_cache([KVCache(), ArraysCache(2)])  # a first-layer check would say True
+    assert not can_trim_prompt_cache([ArraysCache(2), KVCache()])
     wrapped = RotatingKVCache(max_size=4)
     import mlx.core as mx
 
     wrapped.update_and_fetch(mx.zeros((1, 1, 6, 4)), mx.zeros((1, 1, 6, 4)))
-    assert not all_trimmable([KVCache(), wrapped])
+    assert not can_trim_prompt_cache([KVCache(), wrapped])
 
 
 def test_hybrid_cache_is_never_trimmed_to_a_shorter_prefix():

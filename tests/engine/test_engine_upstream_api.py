@@ -1,4 +1,5 @@
-"""Seed 002: an upstream tuple grew a field and a positional unpack crashed. We only use mlx_lm's
+"""When an upstream tuple grows a field, a positional unpack crashes (a real bug in a peer server's
+chunked prefill). We only use mlx_lm's
 keyword APIs and named response fields; this test names exactly what we rely on, so an mlx_lm
 upgrade that changes them fails here with a clear message instead of deep inside a batch."""
 
