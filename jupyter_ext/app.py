@@ -10,11 +10,10 @@ SDKs already retry on (with backoff), so scripts started together with the serve
 from __future__ import annotations
 
 import asyncio
-import inspect
 
 from jupyter_core.application import base_aliases
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Int, List, Unicode, default
+from traitlets import Bool, Float, Int, List, Unicode, default
 
 from jupyter_ext import handlers, monitor
 from jupyter_ext.kernel_env import KernelEnv
@@ -46,7 +45,11 @@ class MLXExtension(ExtensionApp):
         config=True
     )
     max_batch = Int(32, help="Most requests decoded together in one batch.").tag(config=True)
-    prefill_step_size = Int(512, help="Prompt tokens processed per prefill chunk.").tag(config=True)
+    prefill_step_size = Int(512, help="Most prompt tokens a request reads per prefill chunk.").tag(config=True)
+    prefill_budget_s = Float(
+        0.25, allow_none=True,
+        help="While requests decode, prefill chunks shrink so a step takes about this long (None: never shrink).",
+    ).tag(config=True)
     prefix_cache_bytes = Int(
         None, allow_none=True, help="Byte budget of the prompt-prefix cache (None: the engine's default)."
     ).tag(config=True)
@@ -88,24 +91,20 @@ class MLXExtension(ExtensionApp):
         if self.engine is None:
             from mlx_nb.engine import Engine
 
-            self.engine = Engine(self.model, wait=False, **self.engine_options(Engine))
+            self.engine = Engine(self.model, wait=False, **self.engine_options())
         return self.engine
 
-    def engine_options(self, engine_cls) -> dict:
-        """Engine keyword arguments; the vision options only where this Engine accepts them."""
-        options = dict(
+    def engine_options(self) -> dict:
+        """The Engine's keyword arguments, from this extension's config."""
+        return dict(
             max_batch=self.max_batch,
             prefill_step_size=self.prefill_step_size,
+            prefill_budget_s=self.prefill_budget_s,
             prefix_cache_bytes=self.prefix_cache_bytes,
-        )
-        optional = dict(
             image_roots=list(self.image_roots) or [self.serverapp.root_dir],
             allow_remote_images=self.allow_remote_images,
             max_image_bytes=self.max_image_bytes,
         )
-        accepted = inspect.signature(engine_cls).parameters
-        options.update({k: v for k, v in optional.items() if k in accepted})
-        return options
 
     async def stop_extension(self):
         # An exception here would stop the server's shutdown: log and carry on instead.

@@ -12,9 +12,9 @@ The streaming translator lives in `openai_chat_stream.py` (re-exported here). De
   generation. Invalid JSON is still returned as generated (the tokens were spent and the text may
   be fixable); the choice then carries a non-standard `json_error` string saying why it failed to
   parse. The schema itself is not validated against.
-- `frequency_penalty` / `presence_penalty` / `user` / `metadata` etc. are accepted and ignored;
-  `n` != 1, a non-empty `logit_bias` and the pre-`tools` `functions` field are rejected, since
-  silently ignoring them changes results.
+- `logit_bias`, `presence_penalty` and `frequency_penalty` are honoured (mlx_lm's logits
+  processors); `user` / `metadata` etc. are accepted and ignored; `n` != 1 and the pre-`tools`
+  `functions` field are rejected, since silently ignoring them changes results.
 """
 
 from __future__ import annotations
@@ -149,7 +149,6 @@ class ChatRequest(SamplingFields):
     tools: Optional[list[Tool]] = None
     tool_choice: Union[Literal["none", "auto", "required"], dict, None] = None
     response_format: Optional[ResponseFormat] = None
-    logit_bias: Optional[dict] = None
     functions: Optional[list] = None
 
     @field_validator("messages", mode="before")
@@ -164,13 +163,6 @@ class ChatRequest(SamplingFields):
     def _no_functions(cls, v: Optional[list]) -> Optional[list]:
         if v:
             raise ValueError("the deprecated 'functions' field is not supported: send 'tools' instead")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v: Optional[dict]) -> Optional[dict]:
-        if v:
-            raise ValueError("logit_bias is not supported by this server")
         return v
 
     @model_validator(mode="after")

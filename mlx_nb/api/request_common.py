@@ -1,8 +1,9 @@
 """What every wire request shares: a JSON body, a model name, a token budget, sampling knobs.
 
 Checks live here once so chat, completions and messages reject the same mistakes with the same
-words. Sampling ranges follow OpenAI's documented limits; `top_k`, `min_p` and
-`repetition_penalty` are the common extensions (vLLM, llama.cpp, mlx_lm.server) clients send.
+words. Sampling ranges follow OpenAI's documented limits (`logit_bias` token ids are checked
+against the vocabulary by the engine); `top_k`, `min_p` and `repetition_penalty` are the common
+extensions (vLLM, llama.cpp, mlx_lm.server) clients send.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class SamplingFields(WireModel):
     top_k: Optional[int] = Field(None, ge=-1)  # -1 is vLLM's "disabled"; 0 is ours
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[int, float]] = None  # JSON keys are token ids as strings: pydantic converts
     stop: Union[str, list[str], None] = None
     seed: Optional[int] = None
     n: Optional[int] = None
@@ -104,7 +108,8 @@ class SamplingFields(WireModel):
 def sampling_kwargs(req: SamplingFields) -> dict[str, Any]:
     """Engine kwargs for the sampling fields the client set; unset ones keep the engine's defaults."""
     out: dict[str, Any] = {}
-    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "seed"):
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "logit_bias", "seed"):
         if (value := getattr(req, name)) is not None:
             out[name] = value
     if req.top_k is not None:

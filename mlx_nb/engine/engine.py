@@ -50,6 +50,7 @@ class Engine:
         max_batch: int = 32,
         prefill_batch: int = 8,
         prefill_step_size: int = 512,
+        prefill_budget_s: Optional[float] = 0.25,
         prefix_cache: bool = True,
         prefix_cache_bytes: Optional[int] = None,
         event_capacity: int = 4096,
@@ -62,7 +63,10 @@ class Engine:
         from mlx_nb.models.sources import DEFAULT_MODEL
 
         self.model_name = model or DEFAULT_MODEL
-        self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size)
+        # prefill_budget_s: while rows decode, prompt chunks are sized so a step takes about this
+        # long (None: always prefill_step_size tokens), so long prompts don't stall running streams.
+        self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size,
+                            prefill_budget_s=prefill_budget_s)
         self.prefix_options = dict(enabled=prefix_cache, max_bytes=prefix_cache_bytes)
         self.event_log = EventLog(event_capacity)
         self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)
@@ -235,6 +239,9 @@ class Engine:
         top_k: int = 0,
         min_p: float = 0.0,
         repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Optional[dict] = None,
         stop: Optional[list[str] | str] = None,
         seed: Optional[int] = None,
         logprobs: int = 0,
@@ -255,12 +262,15 @@ class Engine:
             top_k=top_k,
             min_p=float(min_p),
             repetition_penalty=float(repetition_penalty),
+            presence_penalty=float(presence_penalty),
+            frequency_penalty=float(frequency_penalty),
+            logit_bias=dict(logit_bias or {}),
             stop=[stop] if isinstance(stop, str) else list(stop or []),
             seed=seed,
             logprobs=int(logprobs or 0),
         )
         context = self.loaded.context_length
-        validate(sampling, context)
+        validate(sampling, context, self.loaded.vocab_size)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
                           chat_template_kwargs=dict(chat_template_kwargs or {}))
@@ -350,6 +360,7 @@ class Engine:
             "peak_batch_size": runner.peak_batch,
             "queue_length": sum(1 for r in requests if r["phase"] == "queued"),
             "prefilling": sum(1 for r in requests if r["phase"] == "prefill"),
+            "prefill_chunk": runner.pacer.chunk,
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,

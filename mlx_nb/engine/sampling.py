@@ -12,7 +12,11 @@ from typing import Callable, Optional
 from mlx_nb.engine.types import RequestError, SamplingParams
 
 
-def validate(p: SamplingParams, context_length: int) -> None:
+def validate(p: SamplingParams, context_length: int, vocab_size: Optional[int] = None) -> None:
+    bias_ok = isinstance(p.logit_bias, dict) and len(p.logit_bias) <= 300 and all(
+        isinstance(t, int) and 0 <= t < (vocab_size or t + 1) and isinstance(b, (int, float)) and -100 <= b <= 100
+        for t, b in p.logit_bias.items()
+    )
     checks = [
         (isinstance(p.max_tokens, int) and 1 <= p.max_tokens <= context_length,
          "max_tokens", f"max_tokens must be an integer from 1 to the context length {context_length}"),
@@ -21,6 +25,10 @@ def validate(p: SamplingParams, context_length: int) -> None:
         (isinstance(p.top_k, int) and p.top_k >= 0, "top_k", "top_k must be a non-negative integer"),
         (0.0 <= p.min_p <= 1.0, "min_p", "min_p must be between 0 and 1"),
         (0.0 < p.repetition_penalty <= 10.0, "repetition_penalty", "repetition_penalty must be in (0, 10]"),
+        (-2.0 <= p.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be between -2 and 2"),
+        (-2.0 <= p.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be between -2 and 2"),
+        (bias_ok, "logit_bias",
+         f"logit_bias must map at most 300 token ids (0 to {(vocab_size or 0) - 1}) to biases from -100 to 100"),
         (isinstance(p.logprobs, int) and 0 <= p.logprobs <= 20, "logprobs", "logprobs must be an integer from 0 to 20"),
         (isinstance(p.stop, list) and all(isinstance(s, str) and s for s in p.stop) and len(p.stop) <= 16,
          "stop", "stop must be a list of at most 16 non-empty strings"),
@@ -68,9 +76,12 @@ def _seeded_sampler(p: SamplingParams) -> Callable:
 
 
 def logits_processors(p: SamplingParams, extra: Optional[list] = None) -> list:
-    from mlx_lm.sample_utils import make_repetition_penalty
+    """The caller's processors, then mlx_lm's for bias and penalties (only those that are set)."""
+    from mlx_lm.sample_utils import make_logits_processors
 
-    procs = list(extra or [])
-    if p.repetition_penalty != 1.0:
-        procs.append(make_repetition_penalty(p.repetition_penalty))
-    return procs
+    return list(extra or []) + make_logits_processors(
+        logit_bias=p.logit_bias or None,
+        repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
+        presence_penalty=p.presence_penalty or None,
+        frequency_penalty=p.frequency_penalty or None,
+    )

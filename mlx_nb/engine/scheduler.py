@@ -9,11 +9,13 @@ BatchGenerator's public keyword API is used (insert, next, remove, extract_cache
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, Optional
 
 from mlx_nb.engine.events import EventLog
 from mlx_nb.engine.layout import cache_type_name, describe_layers
 from mlx_nb.engine.live import LiveRequest
+from mlx_nb.engine.pacing import PrefillPacer
 from mlx_nb.engine.sampling import SamplerCache, logits_processors
 from mlx_nb.engine.types import TokenLogprob, first_line
 
@@ -33,6 +35,7 @@ class BatchRunner:
         max_batch: int = 32,
         prefill_batch: int = 8,
         prefill_step_size: int = 512,
+        prefill_budget_s: Optional[float] = 0.25,
         prefix=None,
     ):
         self.loaded = loaded
@@ -41,6 +44,7 @@ class BatchRunner:
         self.max_batch = max_batch
         self.prefill_batch = 1 if loaded.config.get("model_type") in PADDING_UNSAFE else prefill_batch
         self.prefill_step_size = prefill_step_size
+        self.pacer = PrefillPacer(prefill_step_size, prefill_budget_s)
         self.samplers = SamplerCache()
         self.by_uid: dict[int, LiveRequest] = {}
         self.steps = 0
@@ -135,7 +139,9 @@ class BatchRunner:
     def step(self) -> None:
         """One BatchGenerator step; a failure fails the requests in the batch, not the engine."""
         try:
+            started = time.perf_counter()
             prompt_responses, gen_responses = self._bg.next()
+            step_s = time.perf_counter() - started
             self.steps += 1
             for r in prompt_responses:
                 self._on_prompt(r)
@@ -148,6 +154,8 @@ class BatchRunner:
             self._recover(exc)
             return
         self._peak_batch = max(self._peak_batch, len(self.decoding))
+        read_prompt = any(not r.end_of_prompt for r in prompt_responses)
+        self._bg.prefill_step_size = self.pacer.next_chunk(step_s, read_prompt, len(self.decoding))
         if self.decoding:
             self.events.publish("step", self.steps, list(self.decoding), batch_size=len(self.decoding))
 

@@ -79,6 +79,9 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0  # OpenAI's additive penalties, over the last 20 tokens (mlx_lm's)
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     stop: list[str] = field(default_factory=list)
     seed: Optional[int] = None
     logprobs: int = 0  # how many top alternatives per token; 0 = no logprobs

@@ -40,6 +40,12 @@ class LoadedModel:
                 return cfg[key]
         return 4096
 
+    @property
+    def vocab_size(self) -> Optional[int]:
+        """Rows of the output layer: the token ids a logit bias may name (None if the config hides it)."""
+        cfg = self.config.get("text_config", self.config)
+        return cfg.get("vocab_size") if isinstance(cfg.get("vocab_size"), int) else None
+
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
 

@@ -65,8 +65,7 @@ def test_all_roles_and_part_kinds_accepted():
             },
             {"role": "tool", "tool_call_id": "c1", "content": "42"},
         ],
-        "frequency_penalty": 0.5,  # accepted and ignored
-        "user": "someone",
+        "user": "someone",  # accepted and ignored
         "unknown_future_field": {"x": 1},
     }
     assert len(parse(body).messages) == 5
@@ -121,7 +120,8 @@ def test_non_object_body():
         ({"messages": USER, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "less than or equal to 20"),
         ({"messages": USER, "top_logprobs": 2}, None, "requires logprobs"),
         ({"messages": USER, "response_format": {"type": "xml"}}, "response_format.type", "'json_object'"),
-        ({"messages": USER, "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+        ({"messages": USER, "logit_bias": {"five": 10}}, "logit_bias.five", "valid integer"),
+        ({"messages": USER, "presence_penalty": 3}, "presence_penalty", "less than or equal to 2"),
         ({"messages": USER, "stream": "yes please"}, "stream", "valid boolean"),
         ({"messages": USER, "functions": [{"name": "f"}]}, "functions", "send 'tools' instead"),
     ],
@@ -170,6 +170,9 @@ def test_engine_kwargs_mapping():
             "top_k": 40,
             "min_p": 0.05,
             "repetition_penalty": 1.1,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "logit_bias": {"7": -100, "9": 2.5},
             "stop": "\n\n",
             "seed": 3,
         }
@@ -183,6 +186,9 @@ def test_engine_kwargs_mapping():
         "top_k": 40,
         "min_p": 0.05,
         "repetition_penalty": 1.1,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "logit_bias": {7: -100.0, 9: 2.5},
         "stop": ["\n\n"],
         "seed": 3,
         "logprobs": 0,

@@ -1,6 +1,6 @@
 """Streaming text is valid UTF-8 in every delta, equals the non-streamed text, holds no stop token."""
 
-from conftest import forcing
+from forcing import forcing
 
 TEXT = "🙂 你好, ok"
 EOS = "<|im_end|>"

@@ -7,6 +7,7 @@ The base URL is pytest-jupyter's `/a%40b/`, which catches bad URL joins; the ser
 import asyncio
 import json
 import os
+from pathlib import Path
 
 import pytest
 from jupyter_server.auth import Authorizer
@@ -356,29 +357,18 @@ async def test_unexpected_failure_is_json_without_traceback(jp_fetch, mlx_ready,
     }
 
 
-async def test_vision_options_reach_engines_that_take_them(jp_serverapp, mlx_ext):
-    class VisionEngine:
-        def __init__(
-            self,
-            model,
-            *,
-            max_batch,
-            prefill_step_size,
-            prefix_cache_bytes,
-            image_roots,
-            allow_remote_images,
-            wait=False,
-        ):
-            pass
+@pytest.mark.parametrize("jp_server_config", [server_config(prefill_budget_s=None, max_batch=4)])
+async def test_config_reaches_the_engine(jp_serverapp, mlx_ready):
+    import inspect
 
-    class TextEngine:
-        def __init__(self, model, *, max_batch, prefill_step_size, prefix_cache_bytes, wait=False):
-            pass
+    from mlx_nb import Engine
 
-    options = mlx_ext.engine_options(VisionEngine)
+    options = mlx_ready.engine_options()
+    assert set(options) <= set(inspect.signature(Engine).parameters), "an option the Engine does not take"
     assert options["image_roots"] == [jp_serverapp.root_dir] and options["allow_remote_images"] is False
-    assert "max_image_bytes" not in options
-    assert set(mlx_ext.engine_options(TextEngine)) == {"max_batch", "prefill_step_size", "prefix_cache_bytes"}
+    engine = mlx_ready.engine
+    assert engine.options["prefill_budget_s"] is None and engine.options["max_batch"] == 4
+    assert engine.image_options.roots == [Path(jp_serverapp.root_dir).resolve()]
 
 
 @pytest.mark.parametrize("jp_server_config", [server_config(model="tiny-qwen3-vl")])
