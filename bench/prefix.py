@@ -5,9 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from openai import OpenAI
-
-from workload import one_chat
+from workload import client, one_chat
 
 FILLER = (
     "The committee reviewed the quarterly figures, the staffing plan and the maintenance schedule for the "
@@ -15,17 +13,21 @@ FILLER = (
 )
 
 
-def client(server) -> OpenAI:
-    return OpenAI(base_url=server.base_url, api_key=server.api_key, timeout=900, max_retries=0)
+def text_of(tokenizer, n_tokens: int) -> str:
+    """FILLER repeated and cut to about `n_tokens` tokens of this model's tokenizer."""
+    per_copy = len(tokenizer.encode(FILLER * 20)) / 20
+    text = FILLER * (int(n_tokens / per_copy) + 1)
+    return text[: int(len(text) * n_tokens / len(tokenizer.encode(text)))]
 
 
-def shared_prefix_ttft(server, prefix_words: int = 1100) -> dict:
+def shared_prefix_ttft(server, system_text: str) -> dict:
     """TTFT of a cold request with a long shared system prompt, then of a second one reusing it."""
     c = client(server)
-    system = [{"role": "system", "content": (FILLER * 60)[: prefix_words * 6]}]
+    system = [{"role": "system", "content": system_text}]
     cold = one_chat(c, server.model, "Summarise the notes in one line.", 8, system)
     warm = one_chat(c, server.model, "What should happen next? One line.", 8, system)
-    return {"cold_ttft": cold.ttft, "warm_ttft": warm.ttft, "speedup": cold.ttft / max(warm.ttft, 1e-6)}
+    return {"prompt_tokens": cold.prompt_tokens, "cold_ttft": cold.ttft, "warm_ttft": warm.ttft,
+            "speedup": cold.ttft / max(warm.ttft, 1e-6)}
 
 
 def turn_costs(server, turns: int = 5) -> dict:
@@ -48,15 +50,19 @@ def turn_costs(server, turns: int = 5) -> dict:
     return {"ttft_by_turn": ttfts, "turn5_over_turn1": ttfts[-1] / max(ttfts[0], 1e-6)}
 
 
-def long_prompt_interference(server, long_words: int = 5200, window: float = 4.0) -> dict:
-    """Tokens/s of a running stream before and while an ~8,000-token prompt is prefilled."""
+def long_prompt_interference(server, long_text: str, eos_ids: list[int], window: float = 4.0) -> dict:
+    """A running stream's pace before and while a long prompt is prefilled, and its longest pause.
+
+    The stream's end-of-sequence tokens get a -100 logit bias, so it cannot end mid-measurement."""
     c = client(server)
     stamps: list[float] = []
     stop = threading.Event()
 
     def runner():
-        stream = c.chat.completions.create(model=server.model, max_tokens=4000, temperature=0.0, stream=True,
-                                           messages=[{"role": "user", "content": "Count upwards from one, forever."}])
+        stream = c.chat.completions.create(
+            model=server.model, max_tokens=4000, temperature=0.0, stream=True,
+            messages=[{"role": "user", "content": "Count upwards from one, forever."}],
+            logit_bias={str(t): -100 for t in eos_ids})
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 stamps.append(time.perf_counter())
@@ -70,14 +76,17 @@ def long_prompt_interference(server, long_words: int = 5200, window: float = 4.0
         time.sleep(0.05)
     time.sleep(window)
     t_long = time.perf_counter()
-    long_sample = one_chat(c, server.model, (FILLER * 200)[: long_words * 6] + "\nSummarise.", 1)
+    long_sample = one_chat(c, server.model, long_text + "\nSummarise.", 1)
     t_first = t_long + long_sample.ttft
     stop.set()
     th.join(60)
     before = [s for s in stamps if t_long - window <= s < t_long]
     during = [s for s in stamps if t_long <= s < t_first]
+    edges = [t_long, *during, t_first]
     return {
+        "prompt_tokens": long_sample.prompt_tokens,
+        "prefill_s": long_sample.ttft,
         "before_tps": len(before) / window,
         "during_tps": len(during) / max(t_first - t_long, 1e-6),
-        "prefill_s": long_sample.ttft,
+        "longest_pause_s": max(b - a for a, b in zip(edges, edges[1:])),
     }

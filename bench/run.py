@@ -1,6 +1,6 @@
 """The benchmark: this project against mlx_lm.server (and optional peers), measured in one run.
 
-    .venv/bin/python bench/run.py            # writes bench/results/latest.md and throughput.png
+    .venv/bin/python bench/run.py    # writes bench/results/latest.md, throughput.png and the README table
 
 Every number that matters is a ratio between systems measured minutes apart on the same machine:
 absolute numbers are not comparable across runs or machines.
@@ -26,6 +26,7 @@ import mlx_nb  # noqa: E402  (preloads the fast BLAS before MLX)
 import limits  # noqa: E402
 import prefix  # noqa: E402
 import servers  # noqa: E402
+import steps  # noqa: E402
 import workload  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -55,16 +56,17 @@ def export_dense(loaded, dtype: str, dest: Path) -> Path:
     return dest
 
 
-def measure(server, levels, max_tokens, extras: bool) -> dict:
+def measure(server, levels, max_tokens, reps, extras=None) -> dict:
     out = {"name": server.name, "levels": {}}
-    workload.concurrent(server, 1, 8)  # warm-up: JIT kernels, caches
+    workload.concurrent(server, 1, 8, salt="warm")  # load, JIT kernels
     for n in levels:
-        out["levels"][n] = workload.concurrent(server, n, max_tokens)
+        out["levels"][n] = workload.level(server, n, max_tokens, reps)
         print(f"  {server.name} N={n}: {out['levels'][n]['agg_tps']:.1f} tok/s", flush=True)
     if extras:
-        out["prefix"] = prefix.shared_prefix_ttft(server)
+        out["prefix"] = prefix.shared_prefix_ttft(server, extras["system_text"])
         out["turns"] = prefix.turn_costs(server)
-        out["interference"] = prefix.long_prompt_interference(server)
+        out["interference"] = prefix.long_prompt_interference(server, extras["long_text"], extras["eos_ids"])
+        print(f"  {server.name} long prompt: {out['interference']}", flush=True)
     return out
 
 
@@ -72,6 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--levels", default="1,4,8,16,32")
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--reps", type=int, default=3, help="cold runs per level (the median is reported)")
     ap.add_argument("--skip", default="", help="comma-separated peers to skip: plain,runtime,llamacpp")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -84,6 +87,9 @@ def main() -> None:
     from mlx_nb.models.sources import _smollm2_gguf, models_dir
 
     loaded = load_model(MODEL)
+    tok = loaded.tokenizer
+    extras = {"system_text": prefix.text_of(tok, 1500), "long_text": prefix.text_of(tok, 8000),
+              "eos_ids": sorted(tok.eos_token_ids)}
     machine = {
         "copy_gbs": limits.copy_bandwidth_gbs(),
         "sgemm_gflops": limits.sgemm_gflops(),
@@ -93,31 +99,34 @@ def main() -> None:
     f32_dir = export_dense(loaded, "float32", models_dir() / f"{MODEL}-float32")
     f16_dir = export_dense(load_model(MODEL), "float16", models_dir() / f"{MODEL}-float16")
     del loaded
+    print("where the time goes", flush=True)
+    step_profile = steps.profile(MODEL)
 
     runs = {}
     print("mlx-nb", flush=True)
     with servers.mlx_nb_server(MODEL, log=logs / "mlx-nb.log") as s:
-        runs["ours"] = measure(s, levels, args.max_tokens, extras=True)
+        runs["ours"] = measure(s, levels, args.max_tokens, args.reps, extras)
     if "plain" not in skip:
         print("mlx_lm.server", flush=True)
         with servers.mlx_lm_server(f16_dir, fast_runtime=False, log=logs / "mlx_lm.log") as s:
-            # no prefix/interference extras: an 8k-token prefill on the reference BLAS takes half an hour
-            runs["peer"] = measure(s, levels, args.max_tokens, extras=False)
+            # one run per level and no long-prompt extras: on the reference BLAS an 8k prefill takes half an hour
+            runs["peer"] = measure(s, levels, args.max_tokens, 1)
     if "runtime" not in skip:
         print("mlx_lm.server + runtime", flush=True)
         with servers.mlx_lm_server(f32_dir, fast_runtime=True, log=logs / "mlx_lm_runtime.log") as s:
-            runs["peer_runtime"] = measure(s, levels, args.max_tokens, extras=True)
+            runs["peer_runtime"] = measure(s, levels, args.max_tokens, args.reps, extras)
     if "llamacpp" not in skip and importlib.util.find_spec("llama_cpp") is not None:
+        print("llama-cpp-python", flush=True)
         with servers.llama_cpp_server(_smollm2_gguf(), log=logs / "llama_cpp.log") as s:
-            runs["llama_cpp"] = measure(s, levels, args.max_tokens, extras=False)
+            runs["llama_cpp"] = measure(s, levels, args.max_tokens, args.reps)
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     data = {"date": stamp, "machine": machine, "platform": platform.platform(), "cpus": os.cpu_count(),
-            "max_tokens": args.max_tokens, "runs": runs}
+            "max_tokens": args.max_tokens, "reps": args.reps, "runs": runs, "steps": step_profile}
     (RESULTS / "latest.json").write_text(json.dumps(data, indent=2, default=str))
     from report import write_report
 
-    write_report(data, RESULTS)
+    write_report(data, RESULTS, readme=HERE.parent / "README.md")
     print((RESULTS / "latest.md").read_text())
 
 

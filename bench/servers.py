@@ -93,6 +93,6 @@ def llama_cpp_server(gguf: Path, log: Optional[Path] = None):
     """llama-cpp-python's server on the same GGUF, if installed (the CPU reference)."""
     port = free_port()
     cmd = [PY, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port), "--host", "127.0.0.1",
-           "--n_ctx", "8192"]
+           "--n_ctx", "8192", "--n_threads", str(os.cpu_count())]  # its default uses half the cores
     base = f"http://127.0.0.1:{port}/v1"
     return _running("llama-cpp-python", cmd, f"{base}/models", base, "none", "smollm2", log=log)

@@ -1,4 +1,8 @@
-"""N concurrent streaming chats through the openai SDK; per request: time to first token, tokens."""
+"""N concurrent streaming chats through the openai SDK; per request: time to first token, tokens.
+
+Every measurement sends prompts no server has seen (a `salt` in the text), so prefix caches can't
+serve a repeated run from memory: the numbers are cold throughput, the same for every system.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 from openai import OpenAI
 
@@ -18,20 +23,26 @@ class Sample:
     ttft: float
     tokens: int
     decode_time: float
+    prompt_tokens: Optional[int] = None
 
 
-def prompts(n: int) -> list[str]:
-    return [f"Write a long, detailed story about {TOPICS[i % len(TOPICS)]} (variant {i})." for i in range(n)]
+def client(server) -> OpenAI:
+    return OpenAI(base_url=server.base_url, api_key=server.api_key, timeout=900, max_retries=0)
 
 
-def one_chat(client: OpenAI, model: str, text: str, max_tokens: int, extra_messages=None) -> Sample:
+def prompts(n: int, salt: str) -> list[str]:
+    return [f"Write a long, detailed story about {TOPICS[i % len(TOPICS)]} (variant {i}, run {salt})."
+            for i in range(n)]
+
+
+def one_chat(c: OpenAI, model: str, text: str, max_tokens: int, extra_messages=None, **params) -> Sample:
     start = time.perf_counter()
     first = None
     tokens = 0
     messages = list(extra_messages or []) + [{"role": "user", "content": text}]
-    stream = client.chat.completions.create(
+    stream = c.chat.completions.create(
         model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,
-        stream_options={"include_usage": True},
+        stream_options={"include_usage": True}, **params,
     )
     usage = None
     for chunk in stream:
@@ -45,16 +56,16 @@ def one_chat(client: OpenAI, model: str, text: str, max_tokens: int, extra_messa
     if usage is not None:
         tokens = usage.completion_tokens
     first = first or end
-    return Sample(first - start, tokens, end - first)
+    return Sample(first - start, tokens, end - first, usage.prompt_tokens if usage else None)
 
 
-def concurrent(server, n: int, max_tokens: int) -> dict:
-    client = OpenAI(base_url=server.base_url, api_key=server.api_key, timeout=900, max_retries=0)
+def concurrent(server, n: int, max_tokens: int, salt: str) -> dict:
+    c = client(server)
     samples: list = [None] * n
-    texts = prompts(n)
+    texts = prompts(n, salt)
 
     def run(i):
-        samples[i] = one_chat(client, server.model, texts[i], max_tokens)
+        samples[i] = one_chat(c, server.model, texts[i], max_tokens)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     t0 = time.perf_counter()
@@ -75,3 +86,12 @@ def concurrent(server, n: int, max_tokens: int) -> dict:
         "ttft_p95": ttfts[min(len(ttfts) - 1, int(round(0.95 * (len(ttfts) - 1))))],
         "stream_tps": statistics.median(per_stream) if per_stream else 0.0,
     }
+
+
+def level(server, n: int, max_tokens: int, reps: int) -> dict:
+    """A warm-up at this concurrency (its one-time costs land on nobody), then `reps` cold runs;
+    the median run by aggregate tokens/s stands for the level, and the spread is kept."""
+    concurrent(server, n, 8, salt=f"warm-{n}")
+    runs = [concurrent(server, n, max_tokens, salt=f"{n}-{r}") for r in range(reps)]
+    runs.sort(key=lambda r: r["agg_tps"])
+    return {**runs[len(runs) // 2], "agg_tps_runs": [r["agg_tps"] for r in runs]}
