@@ -1,17 +1,20 @@
 """Prefill pacing: a long prompt is read in chunks sized so running streams keep their pace."""
 
 from mlx_nb import Engine
-from mlx_nb.engine.pacing import MIN_CHUNK, PrefillPacer
+from mlx_nb.engine.pacing import MIN_CHUNK, PROBE_CHUNK, PrefillPacer
 
 
 def test_pacer_shrinks_while_rows_decode_and_reads_full_chunks_otherwise():
     pacer = PrefillPacer(max_chunk=512, budget_s=0.25)
-    assert pacer.next_chunk(step_s=1.0, read_prompt=True, decoding=3) == 128  # 4x over budget
-    assert pacer.next_chunk(step_s=1.0, read_prompt=True, decoding=3) == 32
-    assert pacer.next_chunk(step_s=1.0, read_prompt=True, decoding=3) == MIN_CHUNK  # never below
-    assert pacer.next_chunk(step_s=0.01, read_prompt=False, decoding=3) == MIN_CHUNK  # no prompt read: no signal
-    assert pacer.next_chunk(step_s=0.01, read_prompt=True, decoding=3) == 2 * MIN_CHUNK  # grows at most 2x a step
     assert pacer.next_chunk(step_s=5.0, read_prompt=True, decoding=0) == 512  # nobody waits: full chunks
+    assert pacer.next_chunk(step_s=0.05, read_prompt=False, decoding=1) == PROBE_CHUNK  # a stream runs: probe
+    assert pacer.next_chunk(step_s=1.0, read_prompt=True, decoding=3) == PROBE_CHUNK // 4  # 4x over budget
+    assert pacer.next_chunk(step_s=1.0, read_prompt=True, decoding=3) == MIN_CHUNK  # never below
+    assert pacer.next_chunk(step_s=0.05, read_prompt=False, decoding=3) == MIN_CHUNK  # no prompt read: no signal
+    assert pacer.next_chunk(step_s=0.01, read_prompt=True, decoding=3) == 2 * MIN_CHUNK  # grows at most 2x a step
+    for _ in range(10):
+        pacer.next_chunk(step_s=0.01, read_prompt=True, decoding=3)
+    assert pacer.chunk == 512  # but never past the most a step may read
 
 
 def test_pacer_off_always_reads_full_chunks():
@@ -40,9 +43,8 @@ def test_long_prompt_is_read_in_small_chunks_only_while_a_stream_decodes():
         events = engine.events()
     alone_chunks, paced_chunks = _chunks(events, alone.id), _chunks(events, paced.id)
     assert max(alone_chunks) == 256, f"nothing was decoding, yet the prompt was read in {alone_chunks}"
-    # The first chunk is read before any step was measured; then 4x smaller per step, down to the floor
-    # (the last chunk is whatever is left).
-    assert paced_chunks[1] < 256 and set(paced_chunks[2:-1]) == {MIN_CHUNK}, paced_chunks
+    # A probe first, then 4x smaller per step down to the floor (the last chunk is whatever is left).
+    assert paced_chunks[0] == PROBE_CHUNK and set(paced_chunks[2:-1]) == {MIN_CHUNK}, paced_chunks
     assert during["prefill_chunk"] == MIN_CHUNK
     steps_during = [e for e in events if e["kind"] == "step" and runner.id in e["requests"]
                     and _between(e, events, paced.id)]
