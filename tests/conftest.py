@@ -1,7 +1,12 @@
 """Shared test set-up: import mlx_nb first so the fast BLAS (if any) is preloaded before MLX."""
 
+import sys
+from pathlib import Path
+
 import mlx_nb  # noqa: F401  (must precede any mlx import)
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # helpers shared by the test folders (forcing.py)
 
 TINY_TEXT = ["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"]
 

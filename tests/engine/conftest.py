@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # for the helper modules next to it (reference.py, forcing.py)
+sys.path.insert(0, str(Path(__file__).parent))  # for reference.py
 
 
 @pytest.fixture(scope="module")
