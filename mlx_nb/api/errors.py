@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from mlx_nb.engine.types import RequestError
+from mlx_nb.engine.types import RequestError, TooLargeError
 
 # OpenAI puts the kind of error in `type`; Anthropic has its own vocabulary, chosen by status.
 _ANTHROPIC_TYPES = {
@@ -87,7 +87,10 @@ def server_error(message: str) -> APIError:
 
 
 def from_request_error(exc: RequestError) -> APIError:
-    """The engine refused the request at submit time (bad role, image to a text model, ...)."""
+    """The engine refused the request at submit time (bad role, image to a text model, ...);
+    a part over a size limit (an image too big) is a 413, like a body over the limit."""
+    if isinstance(exc, TooLargeError):
+        return APIError(413, str(exc), "invalid_request_error", exc.field, "request_too_large")
     return invalid_request(str(exc), exc.field)
 
 

@@ -8,6 +8,7 @@ from mlx_nb.engine.types import (
     RequestError,
     Result,
     SamplingParams,
+    TooLargeError,
     Usage,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "RequestHandle",
     "Result",
     "SamplingParams",
+    "TooLargeError",
     "Usage",
 ]

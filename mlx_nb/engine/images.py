@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlx_nb.engine.types import RequestError
+from mlx_nb.engine.types import RequestError, TooLargeError
 
 IMAGE_PART_TYPES = {"image", "image_url", "input_image"}
 
@@ -128,7 +128,7 @@ def _data_url_bytes(url: str, where: str, opts: ImageOptions) -> bytes:
     if not header.lower().endswith(";base64"):
         raise RequestError(f"{where}: data: URL must be base64-encoded (data:image/png;base64,...)", where)
     if len(payload) * 3 // 4 > opts.max_bytes:
-        raise RequestError(f"{where}: image is larger than {opts.max_bytes} bytes", where)
+        raise TooLargeError(f"{where}: image is larger than {opts.max_bytes} bytes", where)
     try:
         return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -147,7 +147,7 @@ def _read_file(value: str, where: str, opts: ImageOptions) -> bytes:
     if not real.is_file():
         raise RequestError(f"{where}: image path {value} is not a file", where)
     if real.stat().st_size > opts.max_bytes:
-        raise RequestError(f"{where}: image file is larger than {opts.max_bytes} bytes", where)
+        raise TooLargeError(f"{where}: image file is larger than {opts.max_bytes} bytes", where)
     with open(real, "rb") as f:
         return f.read(opts.max_bytes + 1)
 
@@ -164,7 +164,7 @@ def _fetch(url: str, where: str, opts: ImageOptions) -> bytes:
     except OSError as exc:
         raise RequestError(f"{where}: could not fetch the image ({exc})", where) from exc
     if len(data) > opts.max_bytes:
-        raise RequestError(f"{where}: image is larger than {opts.max_bytes} bytes", where)
+        raise TooLargeError(f"{where}: image is larger than {opts.max_bytes} bytes", where)
     return data
 
 
@@ -173,7 +173,7 @@ def _from_bytes(data: bytes, where: str, opts: ImageOptions):
     from PIL import Image
 
     if len(data) > opts.max_bytes:
-        raise RequestError(f"{where}: image is larger than {opts.max_bytes} bytes", where)
+        raise TooLargeError(f"{where}: image is larger than {opts.max_bytes} bytes", where)
     try:
         img = Image.open(io.BytesIO(data))
         _check_pixels(img.size, where, opts)  # from the header, before decoding any pixel
@@ -209,7 +209,7 @@ def _check_pixels(size: tuple, where: str, opts: ImageOptions) -> None:
     if w <= 0 or h <= 0:
         raise RequestError(f"{where}: image is empty ({w}x{h})", where)
     if w * h > opts.max_pixels:
-        raise RequestError(f"{where}: image is {w}x{h}, more than {opts.max_pixels} pixels", where)
+        raise TooLargeError(f"{where}: image is {w}x{h}, more than {opts.max_pixels} pixels", where)
 
 
 def _rgb(img, where: str):

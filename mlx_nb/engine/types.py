@@ -25,6 +25,10 @@ class RequestError(ValueError):
         self.field = field
 
 
+class TooLargeError(RequestError):
+    """Refused because a part exceeds a size limit (an image's bytes or pixels): HTTP says 413."""
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0

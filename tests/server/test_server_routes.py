@@ -373,6 +373,7 @@ async def test_config_reaches_the_engine(jp_serverapp, mlx_ready):
 
 @pytest.mark.parametrize("jp_server_config", [server_config(model="tiny-qwen3-vl")])
 async def test_images_under_the_server_root(jp_fetch, jp_root_dir, mlx_ready):
+    """Local images only under the server root; an image over the size limit is a 413."""
     from PIL import Image
 
     inside = jp_root_dir / "red.png"
@@ -389,3 +390,49 @@ async def test_images_under_the_server_root(jp_fetch, jp_root_dir, mlx_ready):
     err = await fetch_error(jp_fetch, "mlx", "v1", "chat", "completions", method="POST", body=ask(outside))
     assert err.code == 400 and "outside the allowed image roots" in error_body(err)["error"]["message"]
     assert error_body(err)["error"]["param"] == "messages[0].content[1]"
+    huge = jp_root_dir / "huge.png"
+    Image.new("RGB", (64, 64), (0, 0, 255)).save(huge)
+    mlx_ready.engine.image_options.max_pixels = 64 * 64 - 1
+    err = await fetch_error(jp_fetch, "mlx", "v1", "chat", "completions", method="POST", body=ask(huge))
+    assert err.code == 413 and error_body(err)["error"]["code"] == "request_too_large"
+    assert "more than 4095 pixels" in error_body(err)["error"]["message"]
+    mlx_ready.engine.image_options.max_pixels = 40_000_000
+    r = await jp_fetch("mlx", "v1", "chat", "completions", method="POST", body=ask(huge))  # the engine goes on
+    assert json.loads(r.body)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+async def test_openai_sdk_gets_the_tool_call_the_model_makes(jp_serverapp, http_server, mlx_ready, monkeypatch):
+    """A random model never calls a tool by itself, so this test's engine is made to emit one
+    (a forcing logits processor added to its submits); the route, the detokenizer, mlx_lm's tool
+    parser, the SSE stream and the openai SDK's parsing are all the real thing. (`http_server` makes
+    the test server answer on its port, which the SDK reaches through MLX_NB_URL.)"""
+    import openai
+    from forcing import forcing
+
+    engine = mlx_ready.engine
+    tok = engine.loaded.tokenizer
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    ids = tok.encode(call, add_special_tokens=False) + [sorted(tok.eos_token_ids)[0]]
+    submit = engine.submit
+    monkeypatch.setattr(engine, "submit", lambda **kw: submit(**kw, logits_processors=[forcing(ids)]))
+    client = openai.AsyncOpenAI(base_url=os.environ["MLX_NB_URL"], api_key=jp_serverapp.identity_provider.token,
+                                max_retries=0, timeout=60)
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS, max_tokens=64)
+
+    reply = await client.chat.completions.create(**ask)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (made,) = choice.message.tool_calls
+    assert made.function.name == "get_weather" and json.loads(made.function.arguments) == {"city": "Paris"}
+
+    chunks = [c async for c in await client.chat.completions.create(**ask, stream=True)]
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls[0].function.name == "get_weather" and calls[0].id
+    assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == {"city": "Paris"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
