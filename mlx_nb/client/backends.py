@@ -10,7 +10,7 @@ import asyncio
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from mlx_nb.client.streams import (
     AsyncChatStream,
@@ -150,13 +150,16 @@ class _Remote:
         with _translated(self.url):
             return [m.id for m in self.sync.models.list()]
 
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"token {self.api_key}"} if self.api_key else {}
+
     def get(self, path: str, **params) -> Any:
         import httpx
 
-        headers = {"Authorization": f"token {self.api_key}"} if self.api_key else {}
         with _translated(self.url):
             r = httpx.get(f"{self.url}/{path}", params={k: v for k, v in params.items() if v is not None},
-                          headers=headers, timeout=httpx.Timeout(10.0, connect=5.0))
+                          headers=self.headers, timeout=httpx.Timeout(10.0, connect=5.0))
         if r.status_code >= 400:
             try:
                 detail = _error_text(r.json())
@@ -164,6 +167,12 @@ class _Remote:
                 detail = r.text[:200]
             raise ClientError(f"{self.url}/{path} answered {r.status_code}: {detail}")
         return r.json()
+
+    def subscribe(self, callback, since: int) -> Callable[[], None]:
+        """Read the `events` SSE route on a thread: `callback(event)` for each event after `since`."""
+        from mlx_nb.client.event_stream import EventStream
+
+        return EventStream(f"{self.url}/events", self.headers, since, callback).close
 
     @staticmethod
     def _request(st: _Stream, messages: list, params: dict) -> dict:
@@ -174,7 +183,7 @@ class _Remote:
     @staticmethod
     def _piece(st: _Stream, chunk) -> tuple:
         if st.request_id is None and getattr(chunk, "id", None):
-            st._set_id(chunk.id)
+            st._set_id(chunk.id.removeprefix("chatcmpl-"))  # the engine's id, as events and status name it
         choice = chunk.choices[0] if chunk.choices else None
         text = (choice.delta.content or "") if choice is not None and choice.delta is not None else ""
         return text, choice.finish_reason if choice is not None else None, _usage(chunk.usage), None

@@ -136,10 +136,13 @@ class Client:
         body = self._backend.get("events", since=since, stream=0)
         return body.get("events", body.get("data", [])) if isinstance(body, dict) else body
 
-    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
-        """Embedded only: `callback(event_dict)` on the engine thread for each new BatchEvent."""
+    def subscribe(self, callback: Callable[[dict], None], since: int = 0) -> Callable[[], None]:
+        """`callback(event_dict)` for each new BatchEvent; returns the unsubscribe function.
+
+        Embedded: called on the engine thread, from now on (keep it quick). Over HTTP: called on a
+        reader thread of the `events` SSE route, for every event after `since`."""
         if not self.embedded:
-            raise ClientError("live events need the embedded engine; over HTTP poll events(since=...)")
+            return self._backend.subscribe(callback, since)
         return self.engine.subscribe(lambda event: callback(event.to_dict()))
 
     def models(self) -> list[str]:

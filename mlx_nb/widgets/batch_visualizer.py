@@ -1,8 +1,9 @@
 """BatchVisualizer: a live SVG timeline of the engine's batch (who joins, who leaves, batch size).
 
-Embedded backend: `engine.subscribe` pushes each BatchEvent from the engine thread into a
-thread-safe buffer (nothing else happens there: the engine must not wait on widgets); a drawing
-thread redraws at most `max_hz` times a second. Over HTTP it polls `events(since=...)` instead.
+`client.subscribe` pushes each BatchEvent into a thread-safe buffer: from the engine thread when
+the engine is embedded (nothing else happens there: the engine must not wait on widgets), from a
+reader of the server's `events` SSE route over HTTP. A drawing thread redraws at most `max_hz`
+times a second.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ class BatchVisualizer(W.VBox):
     """`BatchVisualizer()`; `.refresh()` pulls new events, `live=True` redraws by itself."""
 
     def __init__(self, client: Any = None, *, engine: Any = None, since: int = 0, live: bool = True,
-                 max_lanes: int = 24, max_hz: float = 5.0, poll_s: float = 1.0, max_events: int = 20000, **kwargs):
+                 max_lanes: int = 24, max_hz: float = 5.0, max_events: int = 20000, **kwargs):
         from mlx_nb.client import Client
 
         self.client = client or Client(engine=engine)
-        self.max_lanes, self.max_hz, self.poll_s = max_lanes, max_hz, poll_s
+        self.max_lanes, self.max_hz = max_lanes, max_hz
         self.events: deque = deque(maxlen=max_events)
         self.last_seq = since
         self.html = W.HTML()
@@ -41,6 +42,8 @@ class BatchVisualizer(W.VBox):
         if live and self.client.embedded:  # subscribe before the first pull: no gap, duplicates dropped by seq
             self._unsubscribe = self.client.subscribe(self._on_event)
         self.refresh()
+        if live and not self.client.embedded:  # the route replays what came after the pull
+            self._unsubscribe = self.client.subscribe(self._on_event, since=self.last_seq)
         if live:
             self._thread = threading.Thread(target=self._loop, daemon=True, name="mlx-nb-batch-visualizer")
             self._thread.start()
@@ -50,7 +53,7 @@ class BatchVisualizer(W.VBox):
         return self.html.value
 
     def _on_event(self, event: dict) -> None:
-        # Runs on the engine thread: only hand the event over.
+        # Runs on the engine thread or the SSE reader: only hand the event over.
         self._buffer.append(event)
         self._wake.set()
 
@@ -89,18 +92,10 @@ class BatchVisualizer(W.VBox):
     def _loop(self) -> None:
         period = 1.0 / self.max_hz
         while not self._closed.is_set():
-            try:
-                if self._unsubscribe is not None:
-                    self._wake.wait(1.0)
-                    self._wake.clear()
-                    if self._add(self._drain()):
-                        self.redraw()
-                else:
-                    if self._closed.wait(self.poll_s):
-                        return
-                    self.refresh()
-            except Exception:  # a server hiccup: try again at the next tick
-                pass
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._add(self._drain()):
+                self.redraw()
             time.sleep(period)  # at most max_hz redraws a second
 
     def close(self) -> None:

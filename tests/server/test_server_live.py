@@ -306,3 +306,44 @@ def run(kc, msg_ids: list[str], timeout: float = 60) -> list[str]:
         elif kind == "status" and content["execution_state"] == "idle":
             pending.discard(parent)
     return out
+
+
+def test_client_over_http_chats_streams_aborts_and_watches_the_batch(live):
+    """`Client(url)`, as a notebook uses the server, and a BatchVisualizer fed by the events SSE route."""
+    import asyncio
+
+    from mlx_nb import Client
+    from mlx_nb.widgets import BatchVisualizer
+
+    client = Client(live.url, api_key=live.token)
+    assert client.models() == [MODEL] and not client.embedded
+    viz = BatchVisualizer(client)  # subscribes to the events route from here on
+    try:
+        reply = client.chat("hi", max_tokens=4)
+        assert reply.finish_reason in ("stop", "length") and reply.usage["completion_tokens"] >= 1
+        chunks = list(client.stream("hello", max_tokens=6))
+        assert chunks and all(isinstance(c, str) for c in chunks)
+
+        async def two():
+            return await asyncio.gather(client.achat("one", max_tokens=5), client.achat("two", max_tokens=5))
+
+        a, b = asyncio.run(two())
+        assert a.request_id != b.request_id and a.text is not None and b.text is not None
+
+        st = client.stream("count to a thousand", max_tokens=2000)
+        next(iter(st))
+        st.abort()
+        aborted = live.wait_event(0, lambda e: e["kind"] == "filter" and st.request_id in e["requests"])
+        assert aborted["detail"]["reason"] == "abort"
+
+        ids = {reply.request_id, a.request_id, b.request_id, st.request_id}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            seen = {r for e in viz.events if e["kind"] == "filter" for r in e["requests"]}
+            if ids <= seen and st.request_id in viz.svg:  # received, then drawn by the redraw thread
+                break
+            time.sleep(0.05)
+        assert ids <= seen, "the visualizer did not receive every request's end over SSE"
+        assert "<svg" in viz.svg and st.request_id in viz.svg
+    finally:
+        viz.close()
