@@ -361,6 +361,7 @@ class Engine:
             "queue_length": sum(1 for r in requests if r["phase"] == "queued"),
             "prefilling": sum(1 for r in requests if r["phase"] == "prefill"),
             "prefill_chunk": runner.pacer.chunk,
+            "prefill_batch": runner.prefill_batch,  # 1 for architectures whose padded prefill is unsafe
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,

@@ -122,18 +122,20 @@ def build_tiny(name: str, dest: Path) -> Path:
         return build_atomically(dest, lambda tmp: build_vision(name, tmp, _seed(name), WEIGHT_SCALE))
     if name not in TINY_CONFIGS:
         raise KeyError(name)
-    return build_atomically(dest, lambda tmp: _write_tiny(name, tmp))
+    return build_atomically(dest, lambda tmp: write_random_model(tmp, TINY_CONFIGS[name], _TEMPLATES[name], _seed(name)))
 
 
-def _write_tiny(name: str, out: Path) -> None:
+def write_random_model(out: Path, config: dict, chat_template: str, seed: int) -> None:
+    """An MLX model directory for any mlx_lm architecture `config` names, with seeded random weights
+    and the tiny tokenizer: how every text fixture is made, and how tests make one-off architectures."""
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
 
-    config = TINY_CONFIGS[name]
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))
-    rng = np.random.default_rng(_seed(name))
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")  # one module per architecture
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    rng = np.random.default_rng(seed)
     weights = {}
     for key, value in tree_flatten(model.parameters()):
         weights[key] = mx.array(
@@ -141,7 +143,7 @@ def _write_tiny(name: str, out: Path) -> None:
         )
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    write_tokenizer(out, _TEMPLATES[name])
+    write_tokenizer(out, chat_template)
 
 
 def _seed(name: str) -> int:
