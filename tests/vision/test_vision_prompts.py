@@ -75,3 +75,15 @@ def test_template_errors_are_refused_at_submit(prompts_case):
         engine.submit(messages=[{"role": "user", "content": "u"},
                                 {"role": "assistant", "content": None, "tool_calls": [call]},
                                 {"role": "assistant", "content": None, "tool_calls": [call]}])
+
+
+def test_prefix_reuse_is_off_for_vision_requests(prompts_case):
+    """An image's pad tokens don't identify the image, so a vision model never reuses a cached
+    prefix: the same picture question twice is read in full both times, and no cache entry is made."""
+    engine, refs = prompts_case
+    first = engine.submit(messages=CONVERSATION, max_tokens=MAX_TOKENS).result(timeout=120)
+    again = engine.submit(messages=CONVERSATION, max_tokens=MAX_TOKENS).result(timeout=120)
+    assert first.usage.cached_tokens == 0 and again.usage.cached_tokens == 0
+    assert again.token_ids == first.token_ids == refs["conversation"]
+    stats = engine.status()["prefix_cache"]
+    assert stats.get("entries", 0) == 0 and stats.get("tokens_saved", 0) == 0
