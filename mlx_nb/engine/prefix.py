@@ -13,7 +13,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from mlx_nb.engine.upstream import nearest
+
 KINDS = ("exact", "shorter", "trimmed", "miss")
+MAX_LABEL_KEYS = 100_000
 
 
 def default_budget_bytes() -> int:
@@ -42,35 +45,33 @@ class PrefixCache:
         self.max_bytes = default_budget_bytes() if max_bytes is None else int(max_bytes)
         self._lru = LRUPromptCache(max_size=max_entries, max_bytes=self.max_bytes)
         self.stats = PrefixStats()
+        # Hashes of the token lists ever stored: only to label a hit "shorter" (a whole entry) or
+        # "trimmed" (a longer one cut back) from the public fetch result, without reading the trie.
+        self._stored_keys: set[int] = set()
 
     def lookup(self, tokens: list[int]) -> tuple[Optional[list], int, str]:
         """(cache, number of leading tokens it holds, hit kind) for the longest usable prefix."""
-        kind = self._classify(tokens)
-        cache, rest = self._lru.fetch_nearest_cache(self.model_key, tokens)
+        cache, rest = nearest(self._lru.fetch_nearest_cache(self.model_key, tokens))
         cached = 0 if cache is None else len(tokens) - len(rest)
         if cache is None or cached == 0:
             kind, cache, cached = "miss", None, 0
+        elif not rest:
+            kind = "exact"
+        elif hash(tuple(tokens[:cached])) in self._stored_keys:
+            kind = "shorter"  # a stored entry, whole
+        else:
+            kind = "trimmed"  # a longer entry cut back to the common prefix
         self.stats.hits[kind] += 1
         self.stats.tokens_saved += cached
         return cache, cached, kind
-
-    def _classify(self, tokens: list[int]) -> str:
-        # Read-only look at the trie, only to label the hit; reuse itself goes through the public API.
-        trie = getattr(self._lru, "_trie", None)
-        if trie is None:
-            return "shorter"
-        r = trie.search(self.model_key, tokens)
-        if r.exact is not None:
-            return "exact"
-        short = len(r.shorter) if r.shorter is not None else 0
-        if r.longer is not None and r.common_prefix > short:
-            return "trimmed"
-        return "shorter"
 
     def store(self, tokens: list[int], cache: list, kind: str = "assistant") -> None:
         if not tokens or cache is None:
             return
         self._lru.insert_cache(self.model_key, list(tokens), cache, cache_type=kind)
+        if len(self._stored_keys) > MAX_LABEL_KEYS:  # bounded: at worst a hit is labelled "trimmed"
+            self._stored_keys.clear()
+        self._stored_keys.add(hash(tuple(tokens)))
         self.stats.stored += 1
 
     def status(self) -> dict[str, Any]:

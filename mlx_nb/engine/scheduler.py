@@ -3,7 +3,8 @@
 Requests join the running batch while it decodes (insert -> merged prompt batch -> extend into
 the decode batch) and leave it when they finish or are aborted (filter). Each `step()` is one
 `BatchGenerator.next()`: one decode step for every decoding row plus one prefill chunk. Only
-BatchGenerator's public keyword API is used (insert, next, remove, extract_cache).
+BatchGenerator's public keyword API is used (insert_segments, next, remove, extract_cache), and
+what it returns is unpacked through `upstream`, which checks the shapes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.pacing import PrefillPacer
 from mlx_nb.engine.sampling import SamplerCache, logits_processors
 from mlx_nb.engine.types import TokenLogprob, first_line
+from mlx_nb.engine.upstream import extracted, progress, responses
 
 log = logging.getLogger("mlx_nb.engine")
 
@@ -140,7 +142,7 @@ class BatchRunner:
         """One BatchGenerator step; a failure fails the requests in the batch, not the engine."""
         try:
             started = time.perf_counter()
-            prompt_responses, gen_responses = self._bg.next()
+            prompt_responses, gen_responses = responses(self._bg.next())
             step_s = time.perf_counter() - started
             self.steps += 1
             for r in prompt_responses:
@@ -163,7 +165,7 @@ class BatchRunner:
         live = self.by_uid.get(r.uid)
         if live is None:
             return
-        done, total = r.progress
+        done, total = progress(r)
         live.prefilled = live.extra.get("prefill_start", 0) + done
         if r.end_of_prompt:
             live.phase = "decode"
@@ -179,8 +181,8 @@ class BatchRunner:
     def _snapshot(self, live: LiveRequest) -> None:
         found = self._bg.extract_cache([live.uid])
         if live.uid in found:
-            cache, tokens = found[live.uid]
-            self.prefix.store(list(tokens), cache, "user")  # tokens is a live list upstream: copy
+            cache, tokens = extracted(found, live.uid)
+            self.prefix.store(tokens, cache, "user")
 
     def _on_token(self, r) -> None:
         live = self.by_uid.get(r.uid)
@@ -272,6 +274,6 @@ class BatchRunner:
                 found = self._bg.extract_cache([live.uid])
                 if live.uid not in found:
                     return None
-                cache, _tokens = found[live.uid]
+                cache, _tokens = extracted(found, live.uid)
                 return describe_layers(cache)
         return None

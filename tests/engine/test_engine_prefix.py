@@ -40,6 +40,8 @@ def test_warm_equals_cold(name):
     assert warm_shared[1].usage.cached_tokens >= len(SYSTEM) // 2, "the shared system prompt was not reused"
     assert stats["tokens_saved"] > 0 and stats["hits"]["miss"] >= 1
     assert sum(stats["hits"][k] for k in ("exact", "shorter", "trimmed")) >= 3
+    if name == "tiny-qwen3.5":  # SSM state can't be cut back: only whole entries are ever reused
+        assert stats["hits"]["trimmed"] == 0 and stats["hits"]["shorter"] >= 3, stats["hits"]
 
 
 def test_upstream_trim_check_covers_every_layer():
