@@ -45,11 +45,13 @@ class MLXExtension(ExtensionApp):
         config=True
     )
     max_batch = Int(32, help="Most requests decoded together in one batch.").tag(config=True)
+    prefill_batch = Int(8, help="Most requests whose prompts are read together in one prefill chunk.").tag(config=True)
     prefill_step_size = Int(512, help="Most prompt tokens a request reads per prefill chunk.").tag(config=True)
     prefill_budget_s = Float(
         0.25, allow_none=True,
         help="While requests decode, prefill chunks shrink so a step takes about this long (None: never shrink).",
     ).tag(config=True)
+    prefix_cache = Bool(True, help="Reuse cached prompt prefixes across requests and turns.").tag(config=True)
     prefix_cache_bytes = Int(
         None, allow_none=True, help="Byte budget of the prompt-prefix cache (None: the engine's default)."
     ).tag(config=True)
@@ -60,6 +62,7 @@ class MLXExtension(ExtensionApp):
     max_image_bytes = Int(20 * 2**20, help="Largest image (encoded bytes) a request may send or reference.").tag(
         config=True
     )
+    max_image_pixels = Int(40_000_000, help="Largest image (width x height) a request may send.").tag(config=True)
     max_body_bytes = Int(
         32 * 2**20, help="Largest request body the mlx routes accept (413 above); fits one base64 max-size image."
     ).tag(config=True)
@@ -98,12 +101,15 @@ class MLXExtension(ExtensionApp):
         """The Engine's keyword arguments, from this extension's config."""
         return dict(
             max_batch=self.max_batch,
+            prefill_batch=self.prefill_batch,
             prefill_step_size=self.prefill_step_size,
             prefill_budget_s=self.prefill_budget_s,
+            prefix_cache=self.prefix_cache,
             prefix_cache_bytes=self.prefix_cache_bytes,
             image_roots=list(self.image_roots) or [self.serverapp.root_dir],
             allow_remote_images=self.allow_remote_images,
             max_image_bytes=self.max_image_bytes,
+            max_image_pixels=self.max_image_pixels,
         )
 
     async def stop_extension(self):

@@ -58,3 +58,20 @@ def test_padding_unsafe_ssm_is_prefilled_one_request_at_a_time_and_matches_alone
         together = [engine.submit(prompt=p, max_tokens=8) for p in PROMPTS]
         assert [h.result(timeout=120).token_ids for h in together] == alone
         assert engine.status()["prefill_batch"] == 1
+
+
+def test_which_cache_types_can_join_a_batch():
+    """The load-time check behind the refusal above, for every mlx_lm cache type (seed 003: a
+    quantized KV cache must be refused clearly, never crash mid-batch)."""
+    from mlx_lm.models.cache import (
+        ArraysCache, CacheList, ChunkedKVCache, KVCache, QuantizedKVCache, RotatingKVCache,
+    )
+
+    from mlx_nb.engine.layout import is_batchable
+
+    assert is_batchable(KVCache()) and is_batchable(ArraysCache(2)) and is_batchable(RotatingKVCache(8))
+    assert is_batchable(CacheList(ArraysCache(2), KVCache()))
+    assert not is_batchable(QuantizedKVCache())
+    assert not is_batchable(ChunkedKVCache(8))
+    assert not is_batchable(RotatingKVCache(8, keep=4))  # batched rotating caches keep nothing
+    assert not is_batchable(CacheList(ArraysCache(2), QuantizedKVCache()))

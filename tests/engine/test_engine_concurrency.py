@@ -60,27 +60,33 @@ def test_64_requests_from_threads_and_asyncio_only_touch_mlx_on_the_engine_threa
 
             def worker(i):
                 h = engine.submit(messages=[{"role": "user", "content": f"thread {i}"}], max_tokens=6)
-                return "".join(d.text for d in h), h.result()
-
-            with ThreadPoolExecutor(8) as pool:
-                threaded = list(pool.map(worker, range(32)))
+                return "".join(d.text for d in h), h.result(), h.id
 
             async def one(i):
                 h = engine.submit(messages=[{"role": "user", "content": f"task {i}"}], max_tokens=6)
                 text = "".join([d.text async for d in h])
-                return text, await h.aresult()
+                return text, await h.aresult(), h.id
 
             async def main():
                 return await asyncio.gather(*(one(i) for i in range(32)))
 
-            tasked = asyncio.run(main())
-            status = engine.status()
+            # Both at once: 8 threads submit while an event loop on a ninth runs 32 tasks.
+            start = threading.Barrier(2)
+            with ThreadPoolExecutor(9) as pool:
+                tasks = pool.submit(lambda: (start.wait(), asyncio.run(main()))[1])
+                start.wait()
+                threaded = list(pool.map(worker, range(32)))
+                tasked = tasks.result()
+            status, events = engine.status(), engine.events()
         finally:
             engine._call(lambda: sys.setprofile(None))
             engine.close()
     results = threaded + tasked
     assert len(results) == 64
-    for text, r in results:
+    thread_ids, task_ids = {i for *_, i in threaded}, {i for *_, i in tasked}
+    mixed = [e for e in events if e["kind"] == "step" and thread_ids & set(e["requests"]) and task_ids & set(e["requests"])]
+    assert mixed, "thread and asyncio requests never decoded in the same step"
+    for text, r, _id in results:
         assert r.finish_reason in ("length", "stop") and r.error is None
         assert text == r.text
     assert status["peak_batch_size"] >= 8, "concurrent requests should have shared the batch"

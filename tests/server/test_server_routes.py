@@ -357,7 +357,8 @@ async def test_unexpected_failure_is_json_without_traceback(jp_fetch, mlx_ready,
     }
 
 
-@pytest.mark.parametrize("jp_server_config", [server_config(prefill_budget_s=None, max_batch=4)])
+@pytest.mark.parametrize("jp_server_config", [server_config(prefill_budget_s=None, max_batch=4, prefill_batch=2,
+                                                           prefix_cache=False, max_image_pixels=1000)])
 async def test_config_reaches_the_engine(jp_serverapp, mlx_ready):
     import inspect
 
@@ -368,6 +369,10 @@ async def test_config_reaches_the_engine(jp_serverapp, mlx_ready):
     assert options["image_roots"] == [jp_serverapp.root_dir] and options["allow_remote_images"] is False
     engine = mlx_ready.engine
     assert engine.options["prefill_budget_s"] is None and engine.options["max_batch"] == 4
+    assert engine.options["prefill_batch"] == 2 and engine.prefix_options["enabled"] is False
+    assert engine.image_options.max_pixels == 1000
+    status = engine.status()
+    assert status["prefix_cache"] == {"enabled": False} and status["prefill_batch"] == 2
     assert engine.image_options.roots == [Path(jp_serverapp.root_dir).resolve()]
 
 
