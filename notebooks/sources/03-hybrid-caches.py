@@ -26,6 +26,73 @@ for name in ["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"]:
     print(f"{name:15s}", load_model(name).cache_types())
 
 # %% [markdown]
+# ## Every verb, on each model's real caches
+# Three requests read prompts of 3, 11 and 6 tokens, each alone into a cache of its own (this is
+# what a prefill does). Then, as the engine's BatchGenerator does, per layer:
+# **merge** the first two into one batch, **extend** the running batch with the third,
+# **extract** the third back out, and **filter** out the first when it finishes.
+# One layer of each kind is shown, as `type (rows, heads, positions, dims)` for attention caches and
+# `type [state shapes]` for SSM state. Note how the rows come and go in every kind, how attention
+# caches keep 11 positions (the longest row; shorter ones are padded on the left), how the sliding
+# window never holds more than 8, and how the SSM state has the same size whatever the length.
+
+# %%
+def prefill(loaded, n_tokens):
+    """One request alone: the model reads n_tokens into a fresh cache of its own."""
+    cache = loaded.make_cache()
+    loaded.model(mx.arange(1, n_tokens + 1)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def describe(c):
+    """A layer cache's type and shape (a CacheList's members joined by +)."""
+    if getattr(c, "caches", None):
+        return " + ".join(describe(member) for member in c.caches)
+    if isinstance(getattr(c, "keys", None), mx.array):
+        return f"{type(c).__name__} {tuple(c.keys.shape)}"
+    return f"{type(c).__name__} {[tuple(a.shape) for a in c.cache]}"
+
+
+def state_arrays(c):
+    """What a layer cache holds for its tokens (attention: the filled positions only)."""
+    if getattr(c, "caches", None):
+        return [a for member in c.caches for a in state_arrays(member)]
+    if isinstance(getattr(c, "keys", None), mx.array):
+        return [c.keys[..., : min(c.offset, c.keys.shape[2]), :]]
+    return list(c.cache)
+
+
+def one_layer_per_kind(loaded):
+    """The first layer of each cache type in the model."""
+    kinds = {}
+    for i, c in enumerate(loaded.make_cache()):
+        kinds.setdefault(tuple(type(m).__name__ for m in getattr(c, "caches", [c])), i)
+    return sorted(kinds.values())
+
+# %% tags=["nbval-check-output"]
+for name in ["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"]:
+    loaded = load_model(name)
+    a, b, late = prefill(loaded, 3), prefill(loaded, 11), prefill(loaded, 6)
+    shown = one_layer_per_kind(loaded)
+    steps = {}
+    batch = [type(x).merge([x, y]) for x, y in zip(a, b)]      # merge: two requests start together
+    steps["merge"] = [describe(batch[i]) for i in shown]
+    for layer, new in zip(batch, late):
+        layer.extend(type(new).merge([new]))                  # extend: a third joins the running batch
+    steps["extend"] = [describe(batch[i]) for i in shown]
+    back = [layer.extract(2) for layer in batch]              # extract: the third, as a cache of its own
+    steps["extract"] = [describe(back[i]) for i in shown]
+    for layer in batch:
+        layer.filter([1, 2])                                  # filter: the first one leaves
+    steps["filter"] = [describe(batch[i]) for i in shown]
+    same = all(mx.array_equal(x, y).item() for got, put in zip(back, late)
+               for x, y in zip(state_arrays(got), state_arrays(put)))
+    print(f"{name}: layers {shown}; extract gives back exactly what the request put in: {same}")
+    for verb, layers in steps.items():
+        print(f"  {verb:8s}" + " | ".join(layers))
+
+# %% [markdown]
 # ## Merge: two requests of different lengths become one batch
 # Attention caches are padded on the **left**, so that every row's newest token sits in the same
 # column. `left_padding` remembers how much of each row is filler.
@@ -83,23 +150,37 @@ print("12 tokens in: offset", window.offset, "stored", window.keys.shape[2], "tr
 from mlx_nb import Engine
 
 engine = Engine("tiny-qwen3.5", wait=True)
-handle = engine.submit(prompt="A hybrid model remembers", max_tokens=400)
-next(iter(handle))  # wait until it is decoding
+handle = engine.submit(prompt="A hybrid model remembers", max_tokens=2000)
+stream = iter(handle)
+for _ in range(8):  # a few tokens in: it is decoding
+    next(stream)
 layout = engine.cache_layout(handle.id)
-handle.abort()
 
 # %% tags=["nbval-check-output"]
 for layer in layout["layers"]:
-    print(layer["layer"], f"{layer['type']:12s}", "shapes", layer["shapes"], "trimmable", layer["trimmable"])
+    shapes = [tuple(s) for s in layer["shapes"]]
+    if layer["type"] == "KVCache":  # (rows, heads, positions, dims): positions grow every token, shown as T
+        shapes = [(s[0], s[1], "T", s[3]) for s in shapes]
+    print(layer["layer"], f"{layer['type']:12s}", "shapes", shapes, "trimmable", layer["trimmable"])
 
 # %% [markdown]
-# The `CacheInspector` widget draws the same thing, one row per layer, coloured by type, with a bar
-# for the bytes each layer holds.
+# How far it has got (this changes from run to run: the request keeps decoding meanwhile):
+
+# %% tags=["nbval-ignore-output"]
+print("positions held by the attention layers:", [layer["offset"] for layer in layout["layers"] if layer["type"] == "KVCache"])
+
+# %% [markdown]
+# The `CacheInspector` widget draws the same thing for the request still decoding, one row per
+# layer, coloured by type, with a bar for the bytes each layer holds; `auto_refresh=True` redraws it
+# as the attention layers grow token by token while the SSM rows stay the same size.
 
 # %% tags=["nbval-ignore-output"]
 from mlx_nb.widgets import CacheInspector
 
-CacheInspector(engine=engine)
+inspector = CacheInspector(request_id=handle.id, engine=engine, auto_refresh=True)
+inspector
 
 # %%
+inspector.close()
+handle.abort()
 engine.close()

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import atexit
+
 import httpx
 
 with socket.socket() as s:
@@ -31,14 +33,26 @@ server = subprocess.Popen(
      "--ServerApp.open_browser=False", "--MLXExtension.model=smollm2-135m-instruct"],
     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
 )
+atexit.register(server.terminate)  # however this notebook ends, the server goes with its kernel
 base = f"http://127.0.0.1:{port}/mlx/v1"
-for _ in range(600):  # the health route needs no token: it only says whether the model is ready
-    try:
-        if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-            break
-    except httpx.HTTPError:
-        pass
-    time.sleep(0.2)
+
+
+def wait_until_ready(timeout_s=120):
+    """The health route needs no token: it only says whether the model is ready."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"jupyter mlx exited with code {server.returncode}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the server at {base} was not ready after {timeout_s} s")
+
+
+wait_until_ready()
 
 # %% [markdown]
 # ## The openai SDK
@@ -79,7 +93,8 @@ print(len(pieces) > 3, "".join(pieces))
 # %% [markdown]
 # ## Tools
 # Tools are offered in the prompt with the model's chat template; calls the model writes are parsed
-# back into `tool_calls`. A 135M model is not a reliable tool user, so we only look at what came back.
+# back into `tool_calls` (`finish_reason == "tool_calls"`), streamed ones as `delta.tool_calls`.
+# A 135M model is not a reliable tool user, so we only look at what came back.
 
 # %% tags=["nbval-ignore-output"]
 tools = [{"type": "function", "function": {
@@ -90,6 +105,22 @@ reply = client.chat.completions.create(
     messages=[{"role": "user", "content": "What's the weather in Paris?"}],
 )
 print(reply.choices[0].finish_reason, reply.choices[0].message.tool_calls or reply.choices[0].message.content)
+
+# %% [markdown]
+# The other half of the loop: once your code has run the tool, send its result back as a `tool`
+# message after the assistant's call, and the model answers from it. The whole conversation,
+# call and result included, goes through the model's chat template.
+
+# %% tags=["nbval-check-output"]
+call = {"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+reply = client.chat.completions.create(
+    model="smollm2-135m-instruct", tools=tools, max_tokens=32, temperature=0,
+    messages=[{"role": "user", "content": "What's the weather in Paris?"},
+              {"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 degrees Celsius."}],
+)
+print(reply.choices[0].message.content)
 
 # %% [markdown]
 # ## The anthropic SDK
@@ -107,6 +138,19 @@ message = claude_style.messages.create(
 )
 print(message.content[0].text)
 print(message.stop_reason)
+
+# %% [markdown]
+# And streamed, with the SDK's own helper:
+
+# %% tags=["nbval-check-output"]
+with claude_style.messages.stream(
+    model="smollm2-135m-instruct", max_tokens=24,
+    messages=[{"role": "user", "content": "Name three colours."}],
+) as events:
+    text = "".join(events.text_stream)
+    final = events.get_final_message()
+print(text)
+print(final.stop_reason, final.usage.output_tokens, "tokens")
 
 # %% [markdown]
 # ## Without the token, nothing
