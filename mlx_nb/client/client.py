@@ -146,8 +146,12 @@ class Client:
         return self.engine.subscribe(lambda event: callback(event.to_dict()))
 
     def models(self) -> list[str]:
+        """What this client can chat with: the server's models, the engine it is bound to, or
+        (shared embedded engines) every model available offline plus any already running."""
         if not self.embedded:
             return self._backend.models()
+        if self._backend.fixed is not None:
+            return [self._backend.fixed.model_name]
         from mlx_nb.models.sources import available_offline
 
         names = available_offline()

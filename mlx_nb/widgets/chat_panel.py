@@ -47,7 +47,8 @@ class ChatPanel(W.VBox):
         self._idle = threading.Event()
         self._idle.set()
 
-        self.model_label = W.Label(self._model_text())
+        self.model = W.Dropdown(options=self._model_options(), description="model", layout=W.Layout(width="320px"))
+        self.backend_label = W.Label(f"({self.client.backend})")
         self.temperature = W.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05, description="temperature",
                                          readout_format=".2f", layout=W.Layout(width="260px"))
         self.max_tokens = W.BoundedIntText(value=max_tokens, min=1, max=1 << 20, description="max tokens",
@@ -62,16 +63,19 @@ class ChatPanel(W.VBox):
         self.input.observe(self._on_enter, names="value")
         self.send_button.on_click(lambda _: self._on_enter(None))
         self.stop_button.on_click(lambda _: self.stop())
-        header = W.HBox([self.model_label, self.temperature, self.max_tokens, self.speed])
+        header = W.HBox([self.model, self.backend_label, self.temperature, self.max_tokens, self.speed])
         footer = W.HBox([self.input, self.send_button, self.stop_button, self.upload])
         super().__init__([header, self.transcript, footer], **kwargs)
 
-    def _model_text(self) -> str:
+    def _model_options(self) -> list[str]:
+        """The client's model first, then every other model it can serve (a server's list, or the
+        models available offline); a server we cannot reach yet offers only the client's own."""
+        current = self.client.model_name()
         try:
-            name = self.client.model_name()
-        except Exception:  # a server we cannot reach yet: say so, the first send will explain
-            name = "?"
-        return f"{name} ({self.client.backend})"
+            others = [m for m in self.client.models() if m != current]
+        except Exception:  # the first send will say what is wrong
+            others = []
+        return [current, *others]
 
     # -- actions ------------------------------------------------------------------------------
     @property
@@ -131,7 +135,7 @@ class ChatPanel(W.VBox):
         try:
             self._stream = stream = self.client.stream(
                 history, system=self.system, images=images or None, max_tokens=self.max_tokens.value,
-                temperature=self.temperature.value)
+                temperature=self.temperature.value, model=self.model.value)
             if self._stop_requested:
                 stream.abort()
             t0, last = time.perf_counter(), 0.0

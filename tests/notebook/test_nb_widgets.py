@@ -31,7 +31,7 @@ def shown(output) -> str:
 
 def test_chat_panel_sends_on_enter_and_streams_a_reply(llama):
     panel = ChatPanel(llama, max_tokens=16)
-    assert "tiny-llama" in panel.model_label.value
+    assert panel.model.value == "tiny-llama" and "smollm2-135m-instruct" in panel.model.options
     panel.input.value = "hello panel"  # what the browser sends on Enter (continuous_update=False)
     assert panel.busy and panel.stop_button.disabled is False
     assert panel.wait(30)
@@ -46,6 +46,17 @@ def test_chat_panel_sends_on_enter_and_streams_a_reply(llama):
     assert panel.send_button.disabled is False and panel.stop_button.disabled is True
     panel.send("and again")  # the second turn is sent with the first
     assert panel.wait(30) and len(panel.messages) == 4 and len(panel.transcript.children) == 4
+    assert all(r.model == "tiny-llama" for r in panel.replies)
+
+
+def test_chat_panel_model_dropdown_picks_the_model_that_answers(llama):
+    panel = ChatPanel(llama, max_tokens=8)
+    panel.model.value = "tiny-gemma3"  # another offline model: its shared engine starts on first use
+    panel.send("hello gemma")
+    assert panel.wait(120)
+    assert panel.replies[-1].model == "tiny-gemma3" and panel.replies[-1].finish_reason in ("stop", "length")
+    bound = ChatPanel(Client(engine=llama.engine))
+    assert bound.model.options == ("tiny-llama",)  # a client bound to one engine offers only its model
 
 
 def test_stop_button_aborts_a_running_reply(llama):
