@@ -116,6 +116,9 @@ def as_api_error(status: int, exc: Optional[BaseException], reason: str = "") ->
         message = exc.log_message or exc.reason or reason
         if exc.log_message and exc.args:  # tornado formats log_message with its args
             message = exc.log_message % exc.args
+        if status == 403 and "_xsrf" in message:  # a token-less server refusing a POST from an API client
+            message += ": this server has no token; give it one (API clients send it as the key), or start it "\
+                       "with --ServerApp.disable_check_xsrf=True"
         kind = _KINDS.get(status, "invalid_request_error" if status < 500 else "server_error")
         return APIError(status, message, kind, None, None)
     if status < 500:

@@ -265,6 +265,33 @@ async def test_auth(jp_fetch, jp_serverapp, mlx_ready):
     assert json.loads(r.body) == {"status": "ok"}
 
 
+def no_auth_config(**server):
+    # Jupyter's "no token": anyone who can reach the port is a user. (Set on ServerApp, which forwards
+    # it, because pytest-jupyter replaces an empty IdentityProvider.token with a random one.)
+    return server_config({"allow_unauthenticated_access": True, "token": "", **server})
+
+
+@pytest.mark.parametrize("jp_server_config", [no_auth_config(disable_check_xsrf=True)])
+async def test_auth_off_when_the_server_has_no_token(jp_fetch, mlx_ready):
+    """With Jupyter's own auth switched off (and its XSRF check, as API clients need), the routes
+    follow it: no key, or the SDKs' placeholder keys, all work."""
+    for headers in ({"Authorization": ""}, {"Authorization": "Bearer anything"}, {"x-api-key": "sk-none"}):
+        r = await jp_fetch("mlx", "v1", "chat", "completions", method="POST", body=body(HELLO), headers=headers)
+        assert r.code == 200 and json.loads(r.body)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("jp_server_config", [no_auth_config()])
+async def test_auth_off_keeps_jupyters_xsrf_check(jp_fetch, mlx_ready):
+    """No token but Jupyter's XSRF check on: a POST without it is refused as Jupyter refuses it,
+    in the OpenAI error shape; GETs still work."""
+    r = await jp_fetch("mlx", "v1", "models", headers={"Authorization": ""})
+    assert r.code == 200
+    err = await fetch_error(jp_fetch, "mlx", "v1", "chat", "completions", method="POST", body=body(HELLO),
+                            headers={"Authorization": ""})
+    message = error_body(err)["error"]["message"]
+    assert err.code == 403 and "_xsrf" in message and "disable_check_xsrf=True" in message and "\n" not in message
+
+
 class DenyMLX(Authorizer):
     """Lets users do everything except use the `mlx` resource."""
 
