@@ -125,6 +125,19 @@ def _where_time_goes(data) -> list[str]:
         lines.append(f"| {b} | {s['forward_s'] * 1e3:.0f} | {s['matmul_s'] * 1e3:.0f} | "
                      f"{(s['forward_s'] - s['matmul_s']) * 1e3:.0f} | {s['engine_tps']:.1f} | "
                      f"{s['engine_tps'] / fwd_tps:.0%} |")
+    parts = {b: s["parts_s"] for b, s in steps["decode"].items() if s.get("parts_s")}
+    if parts:
+        names = list(next(iter(parts.values())))
+        lines += ["", "The rest of a decode step, part by part (ms per step, all layers; each part timed alone on "
+                  "inputs of the model's shapes):", "",
+                  "| batch | " + " | ".join(names) + " | forward-only |", "|---" * (len(names) + 2) + "|"]
+        for b, ps in sorted(parts.items(), key=lambda kv: int(kv[0])):
+            fwd = steps["decode"][b]["forward_s"]
+            lines.append(f"| {b} | " + " | ".join(f"{ps[n] * 1e3:.1f}" for n in names) + f" | {fwd * 1e3:.0f} |")
+    if steps.get("elementwise_ns"):
+        ns = steps["elementwise_ns"]
+        lines += ["", f"On this CPU one MLX `exp` takes {ns['exp']:.1f} ns an element and a multiply "
+                  f"{ns['multiply']:.1f} ns: SwiGLU, softmax and the log-probabilities are paid per element."]
     p = steps["prefill"]
     lines += ["", f"Prefill: a {p['chunk']}-token chunk takes {p['at_0_s']:.2f} s at the start of a prompt and "
               f"{p['at_4096_s']:.2f} s 4,096 tokens in: attention over the context read so far is "

@@ -6,7 +6,10 @@
 - engine: B chats decoding together, timed from the engine's own step events while all B rows are
   in the batch (prefill excluded), so it measures the same thing as forward-only;
 - prefill chunk: 512 prompt tokens read at the start of a prompt and 4,096 tokens into it; the
-  difference is attention over the context already read.
+  difference is attention over the context already read;
+- the rest of a decode step, part by part: each kind of non-matmul work of one step (every layer's
+  activation, attention, RoPE, norms, and the full-vocabulary log-probabilities BatchGenerator
+  computes every step), timed alone on inputs of the model's shapes.
 """
 
 from __future__ import annotations
@@ -84,6 +87,45 @@ def engine_decode_tps(engine, b: int) -> float:
     return b * (len(full) - 1) / (full[-1]["time"] - full[0]["time"])
 
 
+def decode_parts_s(loaded, b: int, context: int = 64) -> dict:
+    """Seconds per decode step for each kind of non-matmul work, all layers together, at batch b."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models.activations import swiglu
+
+    c = loaded.config
+    layers, hidden, vocab = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
+    heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+    dim = c.get("head_dim") or hidden // heads
+    rnd = mx.random.normal
+    gate, up = rnd((layers, b, 1, c["intermediate_size"])), rnd((layers, b, 1, c["intermediate_size"]))
+    q, k, v = rnd((layers, b, heads, 1, dim)), rnd((layers, b, kv_heads, context, dim)), rnd((layers, b, kv_heads, context, dim))
+    k1, x, w = rnd((layers, b, kv_heads, 1, dim)), rnd((2 * layers, b, 1, hidden)), mx.ones((hidden,))
+    logits, offsets = rnd((b, vocab)), mx.array([context] * b)
+    rope = nn.RoPE(dim, traditional=bool(c.get("rope_traditional", False)), base=c.get("rope_theta", 10000.0))
+    mx.eval(gate, up, q, k, v, k1, x, logits, offsets)
+    scale = dim ** -0.5
+    parts = {
+        "activation (SwiGLU)": lambda: [swiglu(gate[i], up[i]) for i in range(layers)],
+        "attention": lambda: [mx.fast.scaled_dot_product_attention(q[i], k[i], v[i], scale=scale) for i in range(layers)],
+        "RoPE": lambda: [rope(t[i], offset=offsets) for i in range(layers) for t in (q, k1)],
+        "norms": lambda: [mx.fast.rms_norm(x[i], w, 1e-5) for i in range(2 * layers)],
+        "log-probabilities": lambda: logits - mx.logsumexp(logits, axis=-1, keepdims=True),
+    }
+    return {name: _best(lambda fn=fn: mx.eval(fn())) for name, fn in parts.items()}
+
+
+def elementwise_ns() -> dict:
+    """Nanoseconds per element of MLX CPU `exp` and `multiply` (SwiGLU, softmax and the
+    log-probabilities are made of exps)."""
+    import mlx.core as mx
+
+    x = mx.random.normal((1 << 20,))
+    mx.eval(x)
+    return {"exp": _best(lambda: mx.eval(mx.exp(x))) / x.size * 1e9,
+            "multiply": _best(lambda: mx.eval(x * x)) / x.size * 1e9}
+
+
 def profile(model: str, levels=(1, 8, 32)) -> dict:
     """Every measurement above, for the report's "where the time goes" section."""
     from mlx_nb import Engine
@@ -92,7 +134,9 @@ def profile(model: str, levels=(1, 8, 32)) -> dict:
     loaded = load_model(model)
     out = {"decode": {}, "prefill": {}}
     for b in levels:
-        out["decode"][b] = {"forward_s": forward_only_s(loaded, b), "matmul_s": matmul_only_s(loaded, b)}
+        out["decode"][b] = {"forward_s": forward_only_s(loaded, b), "matmul_s": matmul_only_s(loaded, b),
+                            "parts_s": decode_parts_s(loaded, b)}
+    out["elementwise_ns"] = elementwise_ns()
     prefill_chunk_s(loaded, 0)  # warm-up
     out["prefill"] = {"chunk": 512, "at_0_s": prefill_chunk_s(loaded, 0), "at_4096_s": prefill_chunk_s(loaded, 4096)}
     del loaded

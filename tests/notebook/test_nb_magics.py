@@ -132,6 +132,15 @@ def test_kernel_displayhook_sends_no_execute_result_for_the_answer(ip, magics):
         ip.execution_count = saved
 
 
+def test_terminal_ipython_is_detected_by_its_shell_class(ip):
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+
+    from mlx_nb.magics.mlx_magics import _is_terminal
+
+    assert not _is_terminal(ip)  # a kernel's (here: the base) shell streams Markdown displays
+    assert _is_terminal(object.__new__(TerminalInteractiveShell))
+
+
 def test_terminal_prints_plain_deltas(ip, magics):
     magics.terminal = True
     try:
