@@ -45,7 +45,9 @@ class MLXExtension(ExtensionApp):
         config=True
     )
     max_batch = Int(32, help="Most requests decoded together in one batch.").tag(config=True)
-    prefill_batch = Int(8, help="Most requests whose prompts are read together in one prefill chunk.").tag(config=True)
+    prefill_batch = Int(
+        32, help="Most requests whose prompts are read together in one prefill step (padded to the longest chunk)."
+    ).tag(config=True)
     prefill_step_size = Int(512, help="Most prompt tokens a request reads per prefill chunk.").tag(config=True)
     prefill_budget_s = Float(
         0.25, allow_none=True,

@@ -23,7 +23,7 @@ from mlx_nb.engine import workers
 from mlx_nb.engine.events import EventLog
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
-from mlx_nb.engine.layout import describe_layers, is_batchable
+from mlx_nb.engine.layout import always_trimmable, describe_layers, is_batchable
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.messages import normalize_messages
 from mlx_nb.engine.prefix import segment_boundaries
@@ -48,7 +48,7 @@ class Engine:
         model: Optional[str] = None,
         *,
         max_batch: int = 32,
-        prefill_batch: int = 8,
+        prefill_batch: int = 32,
         prefill_step_size: int = 512,
         prefill_budget_s: Optional[float] = 0.25,
         prefix_cache: bool = True,
@@ -76,6 +76,7 @@ class Engine:
             max_pixels=max_image_pixels,
         )
         self.loaded = None
+        self._snapshots = False  # set at load: whether prompts are cut at segment ends for prefix snapshots
         self._runner = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._ready = threading.Event()
@@ -161,6 +162,12 @@ class Engine:
                 "load a model without quantized/chunked KV caches"
             )
         self.loaded = loaded
+        # Snapshots at segment ends (system prompt, conversation before the reply) are how a model
+        # whose cache can't be cut back (SSM state, a wrapped window) finds the next turn's prefix.
+        # Plain KV caches are trimmed back from any stored entry instead: no snapshot (each one is
+        # an extra prefill step and a cache copy per request).
+        self._snapshots = self.prefix_options["enabled"] and not all(
+            always_trimmable(c) for c in loaded.make_cache())
         prefix = None
         if self.prefix_options["enabled"]:
             prefix = PrefixCache(self.model_name, self.prefix_options["max_bytes"])
@@ -322,7 +329,7 @@ class Engine:
             return encode_prompt(tok, text, chat=True)
 
         tokens = render(messages)
-        boundaries = segment_boundaries(render, messages, tokens) if self.prefix_options["enabled"] else []
+        boundaries = segment_boundaries(render, messages, tokens) if self._snapshots else []
         return tokens, boundaries
 
     def generate(self, messages: Optional[list] = None, prompt: Optional[str] = None, **kwargs):

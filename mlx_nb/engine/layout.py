@@ -25,6 +25,17 @@ def is_batchable(cache: Any) -> bool:
     return callable(getattr(cache, "merge", None)) and getattr(cache, "keep", 0) == 0
 
 
+def always_trimmable(cache: Any) -> bool:
+    """Trimmable whatever it holds: plain KV caches. A sliding window stops being trimmable once
+    it wraps, SSM state never is."""
+    from mlx_lm.models.cache import KVCache
+
+    members = getattr(cache, "caches", None)
+    if members is not None:
+        return all(always_trimmable(c) for c in members)
+    return isinstance(cache, KVCache)
+
+
 def is_trimmable(cache: Any) -> bool:
     fn = getattr(cache, "is_trimmable", None)
     return bool(fn()) if callable(fn) else False

@@ -1,25 +1,30 @@
-"""PrefillPacer: how many prompt tokens a row reads per step, so decoding streams keep flowing.
+"""PrefillPacer: how many prompt tokens each step reads, so decoding streams keep flowing.
 
 One BatchGenerator step runs a decode step for every decoding row and one prefill chunk, so every
 running stream waits for the chunk. With attention, chunk cost grows with the context already
 read: late in an 8,000-token prompt a 512-token chunk takes seconds, and the streams stall.
 
-While rows are decoding, the pacer sizes the next chunk from the last step's measured time so a
-step lasts about `budget_s`. The cost per token changes as the context grows, and measuring it
-each step follows that (a FLOP model would guess). A prompt that arrives while rows decode is
-first read in a small probe chunk, since nothing is measured yet; the chunk then grows at most
-2x a step while steps stay under budget. With nothing decoding, nobody is waiting, so prompts
-are read in full `max_chunk` chunks, the fastest way through. BatchGenerator reads its public
-`prefill_step_size` at every step, so the runner sets that between steps.
+While rows are decoding, the pacer keeps a budget of prompt tokens per step, sized from the last
+step's measured time so a step lasts about `budget_s` (the cost per token changes as the context
+grows; measuring each step follows that, a FLOP model would guess), and splits it among the rows
+about to read (BatchGenerator's `prefill_step_size` is per row: the runner sets it between steps).
+A prompt arriving while rows decode starts from a small probe, since nothing is measured yet;
+the budget then grows at most 2x a step while steps stay under time.
+
+When more requests wait for their first token than are decoding (a burst of new chats), their
+wait matters as much as the running streams' pace: the step time stretches with the ratio, up to
+`MAX_STRETCH` x `budget_s`. With nothing decoding, nobody is waiting on a stream, so prompts are
+read in full `max_chunk` chunks, the fastest way through.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-MIN_CHUNK = 8  # late in a long prompt attention dominates, so even tiny chunks read at full speed
-PROBE_CHUNK = 64  # the first chunk of a prompt read while others decode: its cost is not known yet
-MAX_GROWTH = 2.0  # per step: one noisy measurement must not swing the chunk wildly
+MIN_CHUNK = 8  # per row; late in a long prompt attention dominates, so even tiny chunks read at full speed
+PROBE_TOKENS = 64  # the first step's budget when prompts join decoding rows: their cost is not known yet
+MAX_STRETCH = 4.0  # step time, in budgets, when many more requests wait than decode
+MAX_GROWTH = 2.0  # per step: one noisy measurement must not swing the budget wildly
 MAX_SHRINK = 0.25
 
 
@@ -28,16 +33,22 @@ class PrefillPacer:
         self.max_chunk = max_chunk
         self.budget_s = budget_s
         self.min_chunk = min(MIN_CHUNK, max_chunk)
-        self.probe_chunk = min(PROBE_CHUNK, max_chunk)
+        self.tokens: Optional[int] = None  # prompt tokens per step while rows decode; None: unpaced
         self.chunk = max_chunk
 
-    def next_chunk(self, step_s: float, read_prompt: bool, decoding: int) -> int:
-        """The chunk for the next step, from the last step's time and whether it read a prompt chunk."""
+    def next_chunk(self, step_s: float, read_tokens: int, decoding: int, waiting: int, rows: int) -> int:
+        """Per-row chunk for the next step, given the last step's time and prompt tokens read, the
+        decoding rows, the requests waiting for their first token, and the rows about to read."""
         if self.budget_s is None or decoding == 0:
+            self.tokens = None
             self.chunk = self.max_chunk
-        elif read_prompt:
-            scale = min(MAX_GROWTH, max(MAX_SHRINK, self.budget_s / max(step_s, 1e-6)))
-            self.chunk = int(min(self.max_chunk, max(self.min_chunk, self.chunk * scale)))
-        else:  # decoding, no prompt being read: the next prompt starts with a probe
-            self.chunk = min(self.chunk, self.probe_chunk)
+            return self.chunk
+        rows = max(rows, 1)
+        if self.tokens is None or read_tokens == 0:  # no measurement: (back to) a probe
+            self.tokens = min(self.tokens or PROBE_TOKENS, PROBE_TOKENS)
+        else:
+            target_s = self.budget_s * min(MAX_STRETCH, max(1.0, waiting / decoding))
+            scale = min(MAX_GROWTH, max(MAX_SHRINK, target_s / max(step_s, 1e-6)))
+            self.tokens = int(min(self.max_chunk * rows, max(self.min_chunk, self.tokens * scale)))
+        self.chunk = int(min(self.max_chunk, max(self.min_chunk, self.tokens // rows)))
         return self.chunk

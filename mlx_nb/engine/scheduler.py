@@ -35,7 +35,7 @@ class BatchRunner:
         events: EventLog,
         *,
         max_batch: int = 32,
-        prefill_batch: int = 8,
+        prefill_batch: int = 32,
         prefill_step_size: int = 512,
         prefill_budget_s: Optional[float] = 0.25,
         prefix=None,
@@ -44,7 +44,8 @@ class BatchRunner:
         self.prefix = prefix  # a PrefixCache, or None when reuse is off
         self.events = events
         self.max_batch = max_batch
-        self.prefill_batch = 1 if loaded.config.get("model_type") in PADDING_UNSAFE else prefill_batch
+        # Never above max_batch: BatchGenerator would raise its decode batch to the prefill batch.
+        self.prefill_batch = 1 if loaded.config.get("model_type") in PADDING_UNSAFE else min(prefill_batch, max_batch)
         self.prefill_step_size = prefill_step_size
         self.pacer = PrefillPacer(prefill_step_size, prefill_budget_s)
         self.samplers = SamplerCache()
@@ -54,6 +55,7 @@ class BatchRunner:
         self.prompt_tokens = 0
         self.decoding: list[str] = []
         self._peak_batch = 0
+        self._read_tokens = 0  # prompt tokens read in the current step, for the pacer
         self._bg = self._new_generator()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -142,6 +144,7 @@ class BatchRunner:
         """One BatchGenerator step; a failure fails the requests in the batch, not the engine."""
         try:
             started = time.perf_counter()
+            self._read_tokens = 0
             prompt_responses, gen_responses = responses(self._bg.next())
             step_s = time.perf_counter() - started
             self.steps += 1
@@ -156,8 +159,9 @@ class BatchRunner:
             self._recover(exc)
             return
         self._peak_batch = max(self._peak_batch, len(self.decoding))
-        read_prompt = any(not r.end_of_prompt for r in prompt_responses)
-        self._bg.prefill_step_size = self.pacer.next_chunk(step_s, read_prompt, len(self.decoding))
+        waiting = sum(1 for lv in self.by_uid.values() if lv.phase in ("queued", "prefill"))
+        self._bg.prefill_step_size = self.pacer.next_chunk(
+            step_s, self._read_tokens, len(self.decoding), waiting, rows=min(waiting, self.prefill_batch))
         if self.decoding:
             self.events.publish("step", self.steps, list(self.decoding), batch_size=len(self.decoding))
 
@@ -166,7 +170,9 @@ class BatchRunner:
         if live is None:
             return
         done, total = progress(r)
-        live.prefilled = live.extra.get("prefill_start", 0) + done
+        prefilled = live.extra.get("prefill_start", 0) + done
+        self._read_tokens += max(0, prefilled - live.prefilled)
+        live.prefilled = prefilled
         if r.end_of_prompt:
             live.phase = "decode"
             self.decoding.append(live.id)

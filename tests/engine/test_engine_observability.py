@@ -63,3 +63,11 @@ def test_events_are_a_bounded_ring_with_increasing_sequence_numbers():
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(seqs) and seqs[0] > 20, "the oldest events were not the ones dropped"
     assert events[-1]["kind"] == "filter" and events[-1]["detail"]["reason"] == "length"
+
+
+def test_max_batch_bounds_the_decode_batch_whatever_the_prefill_batch():
+    with Engine("tiny-llama", max_batch=4, prefill_batch=32, wait=True) as engine:
+        handles = [engine.submit(prompt=f"request {i}", max_tokens=12) for i in range(8)]
+        assert all(h.result(timeout=120).finish_reason in ("stop", "length") for h in handles)
+        status = engine.status()
+    assert status["prefill_batch"] == 4 and status["peak_batch_size"] == 4

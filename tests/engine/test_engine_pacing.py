@@ -1,25 +1,38 @@
 """Prefill pacing: a long prompt is read in chunks sized so running streams keep their pace."""
 
 from mlx_nb import Engine
-from mlx_nb.engine.pacing import MIN_CHUNK, PROBE_CHUNK, PrefillPacer
+from mlx_nb.engine.pacing import MAX_STRETCH, MIN_CHUNK, PROBE_TOKENS, PrefillPacer
 
 
-def test_pacer_shrinks_while_rows_decode_and_reads_full_chunks_otherwise():
+def test_pacer_budgets_prompt_tokens_per_step_while_rows_decode():
     pacer = PrefillPacer(max_chunk=512, budget_s=0.25)
-    assert pacer.next_chunk(step_s=5.0, read_prompt=True, decoding=0) == 512  # nobody waits: full chunks
-    assert pacer.next_chunk(step_s=0.05, read_prompt=False, decoding=1) == PROBE_CHUNK  # a stream runs: probe
-    assert pacer.next_chunk(step_s=1.0, read_prompt=True, decoding=3) == PROBE_CHUNK // 4  # 4x over budget
-    assert pacer.next_chunk(step_s=1.0, read_prompt=True, decoding=3) == MIN_CHUNK  # never below
-    assert pacer.next_chunk(step_s=0.05, read_prompt=False, decoding=3) == MIN_CHUNK  # no prompt read: no signal
-    assert pacer.next_chunk(step_s=0.01, read_prompt=True, decoding=3) == 2 * MIN_CHUNK  # grows at most 2x a step
-    for _ in range(10):
-        pacer.next_chunk(step_s=0.01, read_prompt=True, decoding=3)
-    assert pacer.chunk == 512  # but never past the most a step may read
+    assert pacer.next_chunk(5.0, 4096, decoding=0, waiting=8, rows=8) == 512  # nobody decodes: full chunks
+    assert pacer.next_chunk(0.05, 0, decoding=1, waiting=1, rows=1) == PROBE_TOKENS  # a stream runs: probe
+    assert pacer.next_chunk(1.0, 64, decoding=1, waiting=1, rows=1) == PROBE_TOKENS // 4  # 4x over budget
+    assert pacer.next_chunk(1.0, 16, decoding=1, waiting=1, rows=1) == MIN_CHUNK  # never below the floor
+    assert pacer.next_chunk(0.05, 0, decoding=1, waiting=0, rows=0) == MIN_CHUNK  # no prompt read: no signal
+    assert pacer.next_chunk(0.01, 8, decoding=1, waiting=1, rows=1) == 2 * MIN_CHUNK  # grows at most 2x a step
+    for _ in range(12):
+        pacer.next_chunk(0.01, pacer.tokens, decoding=1, waiting=1, rows=1)
+    assert pacer.chunk == 512  # but never past the most a row may read in a step
+
+
+def test_pacer_splits_the_budget_among_rows_and_stretches_it_for_a_burst():
+    pacer = PrefillPacer(max_chunk=512, budget_s=0.25)
+    assert pacer.next_chunk(0.05, 0, decoding=2, waiting=8, rows=8) == PROBE_TOKENS // 8
+    # 0.5 s for 64 tokens: over budget for 2 waiting on 2 streams, under it for 30 waiting on 2
+    calm = PrefillPacer(max_chunk=512, budget_s=0.25)
+    calm.next_chunk(0.05, 0, decoding=2, waiting=2, rows=2)
+    assert calm.next_chunk(0.5, 64, decoding=2, waiting=2, rows=2) == 32 // 2
+    burst = PrefillPacer(max_chunk=512, budget_s=0.25)
+    burst.next_chunk(0.05, 0, decoding=2, waiting=30, rows=8)
+    assert burst.next_chunk(0.5, 64, decoding=2, waiting=30, rows=8) == 128 // 8  # target 4 x 0.25 s
+    assert MAX_STRETCH == 4.0
 
 
 def test_pacer_off_always_reads_full_chunks():
     pacer = PrefillPacer(max_chunk=64, budget_s=None)
-    assert pacer.next_chunk(step_s=9.0, read_prompt=True, decoding=8) == 64
+    assert pacer.next_chunk(9.0, 64, decoding=8, waiting=8, rows=8) == 64
 
 
 def _chunks(events, request_id):
@@ -44,7 +57,7 @@ def test_long_prompt_is_read_in_small_chunks_only_while_a_stream_decodes():
     alone_chunks, paced_chunks = _chunks(events, alone.id), _chunks(events, paced.id)
     assert max(alone_chunks) == 256, f"nothing was decoding, yet the prompt was read in {alone_chunks}"
     # A probe first, then 4x smaller per step down to the floor (the last chunk is whatever is left).
-    assert paced_chunks[0] == PROBE_CHUNK and set(paced_chunks[2:-1]) == {MIN_CHUNK}, paced_chunks
+    assert paced_chunks[0] == PROBE_TOKENS and set(paced_chunks[2:-1]) == {MIN_CHUNK}, paced_chunks
     assert during["prefill_chunk"] == MIN_CHUNK
     steps_during = [e for e in events if e["kind"] == "step" and runner.id in e["requests"]
                     and _between(e, events, paced.id)]
