@@ -97,11 +97,16 @@ def decode_parts_s(loaded, b: int, context: int = 64) -> dict:
     layers, hidden, vocab = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
     heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
     dim = c.get("head_dim") or hidden // heads
-    rnd = mx.random.normal
-    gate, up = rnd((layers, b, 1, c["intermediate_size"])), rnd((layers, b, 1, c["intermediate_size"]))
-    q, k, v = rnd((layers, b, heads, 1, dim)), rnd((layers, b, kv_heads, context, dim)), rnd((layers, b, kv_heads, context, dim))
-    k1, x, w = rnd((layers, b, kv_heads, 1, dim)), rnd((2 * layers, b, 1, hidden)), mx.ones((hidden,))
-    logits, offsets = rnd((b, vocab)), mx.array([context] * b)
+    def each(shape, n=layers):
+        return [mx.random.normal(shape) for _ in range(n)]
+
+    gate, up, q, k1 = each((b, 1, c["intermediate_size"])), each((b, 1, c["intermediate_size"])), \
+        each((b, heads, 1, dim)), each((b, kv_heads, 1, dim))
+    # Keys and values as a batch KV cache hands them to attention: the filled part of a larger buffer.
+    k = [a[..., :context, :] for a in each((b, kv_heads, 256, dim))]
+    v = [a[..., :context, :] for a in each((b, kv_heads, 256, dim))]
+    x, w = each((b, 1, hidden), 2 * layers), mx.ones((hidden,))
+    logits, offsets = mx.random.normal((b, vocab)), mx.array([context] * b)
     rope = nn.RoPE(dim, traditional=bool(c.get("rope_traditional", False)), base=c.get("rope_theta", 10000.0))
     mx.eval(gate, up, q, k, v, k1, x, logits, offsets)
     scale = dim ** -0.5
