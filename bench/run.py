@@ -76,7 +76,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--reps", type=int, default=3, help="cold runs per level (the median is reported)")
     ap.add_argument("--skip", default="", help="comma-separated peers to skip: plain,runtime,llamacpp")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite latest.md, the plot and the README table from latest.json (after editing findings.md)")
     args = ap.parse_args()
+    if args.report_only:
+        return write(json.loads((RESULTS / "latest.json").read_text()))
     levels = [int(x) for x in args.levels.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     RESULTS.mkdir(exist_ok=True)
@@ -124,8 +128,15 @@ def main() -> None:
     data = {"date": stamp, "machine": machine, "platform": platform.platform(), "cpus": os.cpu_count(),
             "max_tokens": args.max_tokens, "reps": args.reps, "runs": runs, "steps": step_profile}
     (RESULTS / "latest.json").write_text(json.dumps(data, indent=2, default=str))
+    write(data)
+
+
+def write(data: dict) -> None:
+    """The report, with bench/findings.md (what was learnt from the numbers) as its last section."""
     from report import write_report
 
+    findings = HERE / "findings.md"
+    data["notes"] = findings.read_text().strip() if findings.exists() else ""
     write_report(data, RESULTS, readme=HERE.parent / "README.md")
     print((RESULTS / "latest.md").read_text())
 
