@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import socket
+from urllib.parse import urlsplit
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -111,10 +112,10 @@ def _gguf_cache_name(path: Path) -> str:
 def _hub_reachable(timeout: float = 2.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = re.sub(r"^https?://", "", endpoint).split("/")[0].split(":")[0]
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
     try:
-        with socket.create_connection((host, 443), timeout=timeout):
+        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
             return True
     except OSError:
         return False

@@ -56,6 +56,22 @@ def test_hub_id_offline_fails_fast_listing_offline_models(monkeypatch, tmp_path)
     assert "offline" in msg and "smollm2-135m-instruct" in msg and "tiny-llama" in msg
 
 
+def test_hub_id_with_the_hub_unreachable_fails_listing_offline_models(monkeypatch, tmp_path):
+    """No offline flag set, but nothing answers at the hub's address (here: a closed loopback port)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelNotFoundError) as err:
+        load_model("someorg/some-model-7b")
+    msg = one_line(err.value)
+    assert "unreachable" in msg and "smollm2-135m-instruct" in msg
+
+
 def test_corrupt_and_truncated_gguf(tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_NB_HOME", str(tmp_path / "home"))
     junk = tmp_path / "junk.gguf"
