@@ -276,9 +276,9 @@ def test_connect_unreachable_then_disconnect(ip, magics, monkeypatch):
     assert answer.reply.finish_reason in ("stop", "length")
 
 
-def test_keyboard_interrupt_aborts_the_request(ip, magics):
+def interrupted_chat(ip, magics):
+    """Run a long %%mlx chat and press Ctrl-C (a real SIGINT) once it streams: what the kernel does."""
     client = magics.client
-    since = client.events()[-1]["seq"]
 
     def interrupt():
         deadline = time.monotonic() + 20
@@ -297,15 +297,46 @@ def test_keyboard_interrupt_aborts_the_request(ip, magics):
         signal.signal(signal.SIGINT, previous)
     assert answer is None
     assert "interrupted" in one_error_line(cap) and "aborted" in cap.stderr
-    deadline = time.monotonic() + 10  # the engine drops the request at its next step
-    while time.monotonic() < deadline:
-        leaves = [e for e in client.events(since) if e["kind"] == "filter"]
-        if leaves:
-            break
-        time.sleep(0.02)
-    assert [e["detail"]["reason"] for e in leaves] == ["abort"]
-    assert client.status()["batch_size"] == 0
     assert len(magics.conversation) == 0
+
+
+def left_the_batch(events, since: int) -> list[str]:
+    """Why requests left the batch after `since`, once the engine has dropped them (at its next step)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        leaves = [e for e in events(since) if e["kind"] == "filter"]
+        if leaves:
+            return [e["detail"]["reason"] for e in leaves]
+        time.sleep(0.02)
+    return []
+
+
+def test_keyboard_interrupt_aborts_the_request(ip, magics):
+    since = magics.client.events()[-1]["seq"]
+    interrupted_chat(ip, magics)
+    assert left_the_batch(magics.client.events, since) == ["abort"]
+    assert magics.client.status()["batch_size"] == 0
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from live_server import serving
+
+    with serving(tmp_path_factory.mktemp("live"), "tiny-llama") as server:
+        yield server
+
+
+def test_keyboard_interrupt_aborts_the_request_on_the_server(ip, magics, live):
+    """A notebook connected to the server: Ctrl-C closes the stream and the server drops the request."""
+    since = live.last_seq()
+    run(ip, f"%mlx connect {live.url} --token {live.token}")
+    try:
+        assert magics.client.backend == live.url
+        interrupted_chat(ip, magics)
+    finally:
+        run(ip, "%mlx disconnect")
+    assert left_the_batch(live.events, since) == ["abort"]
+    assert live.get("status")["batch_size"] == 0
 
 
 @pytest.mark.slow
