@@ -67,14 +67,15 @@ class ChatPanel(W.VBox):
         footer = W.HBox([self.input, self.send_button, self.stop_button, self.upload])
         super().__init__([header, self.transcript, footer], **kwargs)
 
-    def _model_options(self) -> list[str]:
+    def _model_options(self) -> list:
         """The client's model first, then every other model it can serve (a server's list, or the
-        models available offline); a server we cannot reach yet offers only the client's own."""
-        current = self.client.model_name()
+        models available offline). A server we cannot reach yet offers "?", which sends no model
+        name: the first send says what is wrong."""
         try:
+            current = self.client.model_name()  # a server's default model is asked of the server
             others = [m for m in self.client.models() if m != current]
-        except Exception:  # the first send will say what is wrong
-            others = []
+        except Exception:
+            return [("?", None)]
         return [current, *others]
 
     # -- actions ------------------------------------------------------------------------------

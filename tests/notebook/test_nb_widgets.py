@@ -93,17 +93,29 @@ def test_uploaded_image_is_taken_once(llama):
     assert panel.upload.value == () and panel._take_upload() == []
 
 
-def test_panel_shows_a_server_error_in_one_line():
+def dead_url() -> str:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{s.getsockname()[1]}/mlx/v1"
     s.close()
-    panel = ChatPanel(Client(url, model="m"))
+    return url
+
+
+def test_panel_shows_a_server_error_in_one_line():
+    panel = ChatPanel(Client(dead_url(), model="m"))
     panel.send("anyone there?")
     assert panel.wait(30)
     text = shown(panel.transcript.children[-1])
     assert text.startswith("**mlx:** cannot reach") and "\n" not in text
     assert panel.messages == [] and panel.speed.value == "error"
+
+
+def test_panel_opens_while_its_server_is_unreachable():
+    """No model given and nobody answering: the panel still opens (model "?"), and a send says why."""
+    panel = ChatPanel(Client(dead_url()))
+    assert panel.model.value is None and panel.model.label == "?"
+    panel.send("hello?")
+    assert panel.wait(30) and shown(panel.transcript.children[-1]).startswith("**mlx:** cannot reach")
 
 
 def test_cache_inspector_draws_one_row_per_layer(llama):
