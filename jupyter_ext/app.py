@@ -57,6 +57,14 @@ class MLXExtension(ExtensionApp):
     prefix_cache_bytes = Int(
         None, allow_none=True, help="Byte budget of the prompt-prefix cache (None: the engine's default)."
     ).tag(config=True)
+    memory_limit = Int(
+        None, allow_none=True,
+        help="Bytes of memory the engine may use (MLX's limit; prefix-cache entries are evicted past it). None: no limit.",
+    ).tag(config=True)
+    buffer_cache_bytes = Int(
+        None, allow_none=True,
+        help="Most freed buffers MLX keeps for reuse while serving (emptied when idle). None: the engine's default.",
+    ).tag(config=True)
     image_roots = List(
         Unicode(), help="Directories local image paths may come from (empty: the server's root_dir)."
     ).tag(config=True)
@@ -108,6 +116,8 @@ class MLXExtension(ExtensionApp):
             prefill_budget_s=self.prefill_budget_s,
             prefix_cache=self.prefix_cache,
             prefix_cache_bytes=self.prefix_cache_bytes,
+            memory_limit=self.memory_limit,
+            buffer_cache_bytes=self.buffer_cache_bytes,
             image_roots=list(self.image_roots) or [self.serverapp.root_dir],
             allow_remote_images=self.allow_remote_images,
             max_image_bytes=self.max_image_bytes,

@@ -18,6 +18,7 @@ class LiveRequest:
     prompt_tokens: list[int]
     stream: TextStream
     logits_processors: list = field(default_factory=list)
+    sampler: Any = None  # the caller's own sampler, or None for the one its settings give
     images: list = field(default_factory=list)
     uid: Optional[int] = None
     phase: str = "queued"  # queued | prefill | decode | done

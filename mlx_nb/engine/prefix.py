@@ -1,5 +1,12 @@
 """Prefix reuse across requests and turns, on mlx_lm's LRUPromptCache (trie + LRU + byte budget).
 
+Entries own their memory. What BatchGenerator hands back (a finished request's `prompt_cache`, an
+`extract_cache` snapshot) is a lazy slice of the batch's buffers: stored as is, each entry would
+keep a whole batch buffer alive while the LRU counted only the slice, and the byte budget would
+bound nothing (measured: 10 GB held for a 538 MB model after 400 requests). So `store` copies
+every array into a buffer of its own and evaluates it, on the engine thread, before the LRU counts
+it: the budget counts what is really held.
+
 Hybrid-safe by construction: a stored cache is only cut back to a shorter prefix when EVERY layer
 is trimmable (mlx_lm's `can_trim_prompt_cache`); SSM state (ArraysCache) and a wrapped sliding
 window are reused only as exact or shorter prefixes. That is why snapshots are also stored at
@@ -9,23 +16,51 @@ next turn of a hybrid model finds an exact shorter prefix.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from mlx_nb.engine.memory import default_prefix_budget
 from mlx_nb.engine.upstream import nearest
 
 KINDS = ("exact", "shorter", "trimmed", "miss")
 MAX_LABEL_KEYS = 100_000
 
 
-def default_budget_bytes() -> int:
-    """A tenth of physical memory, capped at 4 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 8 << 30
-    return min(total // 10, 4 << 30)
+def owned(cache: list) -> list:
+    """Detach every array of a per-request cache list from the buffers it was sliced from
+    (copy + evaluate), in place; returns the list. A KVCache is also cut to its offset."""
+    import mlx.core as mx
+
+    arrays: list = []
+    for layer in cache:
+        _own_layer(layer, arrays)
+    mx.eval(arrays)
+    return cache
+
+
+def _own_layer(cache: Any, out: list) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    def own(a):
+        if a is None or not isinstance(a, mx.array):
+            return a
+        a = mx.contiguous(a)
+        out.append(a)
+        return a
+
+    members = getattr(cache, "caches", None)
+    if members is not None:  # CacheList
+        for member in members:
+            _own_layer(member, out)
+    elif isinstance(getattr(cache, "cache", None), list):  # ArraysCache: SSM / conv state
+        cache.cache = [own(a) for a in cache.cache]
+    elif hasattr(cache, "keys") and not callable(cache.keys):  # KV-style caches
+        if isinstance(cache, KVCache) and cache.keys is not None and cache.offset < cache.keys.shape[2]:
+            cache.keys, cache.values = cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
+        cache.keys, cache.values = own(cache.keys), own(cache.values)
+    else:  # anything else that keeps its arrays in `state` (e.g. the vision rope-delta cache)
+        cache.state = [own(a) for a in cache.state]
 
 
 @dataclass
@@ -42,7 +77,7 @@ class PrefixCache:
         from mlx_lm.models.cache import LRUPromptCache
 
         self.model_key = model_key
-        self.max_bytes = default_budget_bytes() if max_bytes is None else int(max_bytes)
+        self.max_bytes = default_prefix_budget() if max_bytes is None else int(max_bytes)
         self._lru = LRUPromptCache(max_size=max_entries, max_bytes=self.max_bytes)
         self.stats = PrefixStats()
         # Hashes of the token lists ever stored: only to label a hit "shorter" (a whole entry) or
@@ -66,13 +101,31 @@ class PrefixCache:
         return cache, cached, kind
 
     def store(self, tokens: list[int], cache: list, kind: str = "assistant") -> None:
-        if not tokens or cache is None:
+        """Keep `cache` (holding `tokens`) for later requests; engine thread only (it evaluates)."""
+        if not tokens or cache is None or self.max_bytes <= 0:
             return
-        self._lru.insert_cache(self.model_key, list(tokens), cache, cache_type=kind)
+        self._lru.insert_cache(self.model_key, list(tokens), owned(cache), cache_type=kind)
         if len(self._stored_keys) > MAX_LABEL_KEYS:  # bounded: at worst a hit is labelled "trimmed"
             self._stored_keys.clear()
         self._stored_keys.add(hash(tuple(tokens)))
         self.stats.stored += 1
+
+    @property
+    def nbytes(self) -> int:
+        return self._lru.nbytes
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def shrink(self, n_bytes: int) -> int:
+        """Evict least-recently-used entries until at least `n_bytes` are freed; returns bytes freed."""
+        before = self._lru.nbytes
+        self._lru.trim_to(n_bytes=before - n_bytes)
+        return before - self._lru.nbytes
+
+    def clear(self) -> int:
+        """Drop every entry; returns the bytes they held."""
+        return self.shrink(self._lru.nbytes)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -7,6 +7,7 @@ so its output does not depend on what else is in the batch.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable, Optional
 
 from mlx_nb.engine.types import RequestError, SamplingParams
@@ -40,10 +41,12 @@ def validate(p: SamplingParams, context_length: int, vocab_size: Optional[int] =
 
 
 class SamplerCache:
-    """Hands out shared samplers by setting; seeded requests get a private one."""
+    """Hands out shared samplers by setting; seeded requests get a private one. Holds the
+    `capacity` most recently used settings, so clients sweeping temperatures can't grow it."""
 
-    def __init__(self):
-        self._shared: dict[tuple, Callable] = {}
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self._shared: OrderedDict[tuple, Callable] = OrderedDict()
 
     def get(self, p: SamplingParams) -> Callable:
         from mlx_lm.sample_utils import make_sampler
@@ -51,9 +54,16 @@ class SamplerCache:
         if p.seed is not None and p.temperature > 0:
             return _seeded_sampler(p)
         key = p.sampler_key()
-        if key not in self._shared:
+        if key in self._shared:
+            self._shared.move_to_end(key)
+        else:
             self._shared[key] = make_sampler(temp=p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+            while len(self._shared) > self.capacity:
+                self._shared.popitem(last=False)
         return self._shared[key]
+
+    def __len__(self) -> int:
+        return len(self._shared)
 
 
 def _seeded_sampler(p: SamplingParams) -> Callable:

@@ -106,7 +106,7 @@ class BatchRunner:
             max_tokens=[p.max_tokens],
             caches=[caches] if caches is not None else None,
             all_tokens=[list(all_tokens or [])],
-            samplers=[self.samplers.get(p)],
+            samplers=[self._sampler(live)],
             logits_processors=[procs],
         )
         live.uid = uid
@@ -125,19 +125,59 @@ class BatchRunner:
 
     @staticmethod
     def _guard(live: LiveRequest, fn: Callable) -> Callable:
-        """A per-request callback that fails only its own request, never the batch."""
+        """A per-request logits processor that fails only its own request, never the batch: one that
+        raises, or returns anything but a float array of the logits' shape, marks its request failed
+        (it leaves the batch after this step) and the batch goes on with the logits unchanged."""
+        import mlx.core as mx
 
         def guarded(tokens, logits):
             if live.failure is not None:
                 return logits
             try:
                 out = fn(tokens, logits)
+                if not isinstance(out, mx.array) or out.shape != logits.shape:
+                    got = tuple(out.shape) if isinstance(out, mx.array) else type(out).__name__
+                    raise TypeError(f"returned {got}, expected an array of shape {tuple(logits.shape)}")
+                if not mx.issubdtype(out.dtype, mx.floating):
+                    raise TypeError(f"returned {out.dtype} logits, expected floating point")
             except Exception as exc:
                 live.failure = f"logits processor failed: {type(exc).__name__}: {first_line(exc)}"
                 return logits
-            return out
+            return out.astype(logits.dtype)
 
         return guarded
+
+    @staticmethod
+    def _guard_sampler(live: LiveRequest, fn: Optional[Callable]) -> Optional[Callable]:
+        """A per-request sampler that fails only its own request: one that raises or returns anything
+        but one integer token id per row marks its request failed; the row takes the argmax meanwhile."""
+        if fn is None:
+            return None
+        import mlx.core as mx
+
+        def guarded(logprobs):
+            fallback = mx.argmax(logprobs, axis=-1)
+            if live.failure is not None:
+                return fallback
+            try:
+                out = fn(logprobs)
+                if not isinstance(out, mx.array) or out.shape != fallback.shape:
+                    got = tuple(out.shape) if isinstance(out, mx.array) else type(out).__name__
+                    raise TypeError(f"returned {got}, expected token ids of shape {tuple(fallback.shape)}")
+                if not mx.issubdtype(out.dtype, mx.integer):
+                    raise TypeError(f"returned {out.dtype}, expected integer token ids")
+            except Exception as exc:
+                live.failure = f"sampler failed: {type(exc).__name__}: {first_line(exc)}"
+                return fallback
+            return out.astype(fallback.dtype)
+
+        return guarded
+
+    def _sampler(self, live: LiveRequest) -> Callable:
+        """The caller's own sampler (guarded), else a shared one for these settings (one batched call)."""
+        if live.sampler is not None:
+            return self._guard_sampler(live, live.sampler)
+        return self.samplers.get(live.request.sampling)
 
     # -- the step ----------------------------------------------------------------------------
     def step(self) -> None:
@@ -181,7 +221,9 @@ class BatchRunner:
         else:
             live.phase = "prefill"
             self.events.publish("prefill", self.steps, [live.id], done=done, total=total)
-            if r.end_of_segment and self._reuses_prefix(live):
+            # A snapshot only where one was asked for: mlx_lm also ends a segment before the
+            # prompt's last token, which nobody will look up.
+            if r.end_of_segment and self._reuses_prefix(live) and prefilled in live.extra.get("boundaries", ()):
                 self._snapshot(live)
 
     def _snapshot(self, live: LiveRequest) -> None:

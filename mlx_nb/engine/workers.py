@@ -33,6 +33,7 @@ class _Worker:
             except BaseException:  # the thread must outlive any job (see the module docstring)
                 log.exception("mlx_nb: an engine loop ended with an error")
             finally:
+                fn = None  # an idle worker must not keep the finished job (its engine, its model) alive
                 done.set()
                 _idle.put(self)
 

@@ -4,7 +4,7 @@ import pytest
 
 from mlx_nb import Engine
 from mlx_lm.models.cache import can_trim_prompt_cache
-from mlx_nb.engine.prefix import PrefixCache
+from mlx_nb.engine.prefix import PrefixCache, owned
 
 SYSTEM = "You are a terse assistant. " * 6  # long enough to cross tiny-gemma3's window of 8
 MAX = 12
@@ -95,7 +95,8 @@ def test_eviction_respects_the_byte_budget():
         kv.update_and_fetch(mx.zeros((1, 2, 64, 16)), mx.zeros((1, 2, 64, 16)))
         return [kv]
 
-    one = entry()[0].nbytes
+    one = owned(entry())[0].nbytes  # stored entries are cut to what they hold (64 of 256 positions)
+    assert one == 2 * 2 * 64 * 16 * 4
     cache = PrefixCache("m", max_bytes=3 * one + 10)
     for i in range(10):
         cache.store([1000 + i, 1, 2], entry())

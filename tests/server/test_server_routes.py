@@ -385,7 +385,8 @@ async def test_unexpected_failure_is_json_without_traceback(jp_fetch, mlx_ready,
 
 
 @pytest.mark.parametrize("jp_server_config", [server_config(prefill_budget_s=None, max_batch=4, prefill_batch=2,
-                                                           prefix_cache=False, max_image_pixels=1000)])
+                                                           prefix_cache=False, max_image_pixels=1000,
+                                                           memory_limit=8 << 30, buffer_cache_bytes=32 << 20)])
 async def test_config_reaches_the_engine(jp_serverapp, mlx_ready):
     import inspect
 
@@ -400,6 +401,7 @@ async def test_config_reaches_the_engine(jp_serverapp, mlx_ready):
     assert engine.image_options.max_pixels == 1000
     status = engine.status()
     assert status["prefix_cache"] == {"enabled": False} and status["prefill_batch"] == 2
+    assert status["memory"]["memory_limit_bytes"] == 8 << 30 and status["memory"]["buffer_cache_limit_bytes"] == 32 << 20
     assert engine.image_options.roots == [Path(jp_serverapp.root_dir).resolve()]
 
 

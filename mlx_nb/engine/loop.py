@@ -1,0 +1,226 @@
+"""EngineLoop: everything the engine thread owns, and the thread's loop itself.
+
+The loop never holds a reference to the `Engine` that created it. A notebook that re-runs
+`eng = Engine(...)` drops the old Engine; its finalizer asks this loop to close, the loop leaves,
+releases the model and the batch, and its worker thread goes back to the idle pool. Handles point
+here too (their abort), so a handle kept in a variable does not keep a whole Engine alive.
+
+MLX is touched by this thread only: model load, every batch step, memory policy, status reads.
+Other threads talk to it through `commands`: ("submit", live), ("abort", id), ("call", fn, future),
+("close",).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable, Optional
+
+from mlx_nb.engine.events import EventLog
+from mlx_nb.engine.types import first_line
+
+log = logging.getLogger("mlx_nb.engine")
+
+
+class EngineClosedError(RuntimeError):
+    pass
+
+
+class EngineLoop:
+    def __init__(self, model_name: str, options: dict, prefix_options: dict, memory_options: dict,
+                 event_log: EventLog):
+        self.model_name = model_name
+        self.options = options
+        self.prefix_options = prefix_options
+        self.memory_options = memory_options
+        self.event_log = event_log
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.ready = threading.Event()
+        self.load_error: Optional[BaseException] = None
+        self.loaded = None
+        self.runner = None
+        self.memory = None  # MemoryPolicy, set at load
+        self.snapshots = False  # set at load: whether prompts are cut at segment ends for prefix snapshots
+        self.runtime: Optional[dict] = None  # read on the engine thread: it asks MLX for the device
+        self.thread: Optional[threading.Thread] = None
+        self.stopped = False  # the thread has left its loop; guarded by stop_lock
+        self.stop_lock = threading.Lock()
+        self.closing = False
+
+    # -- the engine thread -------------------------------------------------------------------
+    def run(self) -> None:
+        self.thread = threading.current_thread()
+        try:
+            self._load()
+        except BaseException as exc:  # reported to every caller through Engine.wait_ready()
+            from mlx_nb.models.loader import ModelLoadError
+
+            self.load_error = exc if isinstance(exc, ValueError) else ModelLoadError(
+                f"could not load {self.model_name}: {type(exc).__name__}: {first_line(exc)}"
+            )
+            self.ready.set()
+            self._release()
+            return
+        self.ready.set()
+        try:
+            self._serve()
+        finally:  # closed, or an unexpected error: nobody may be left waiting
+            with self.stop_lock:
+                self.stopped = True
+            try:
+                self.runner.close()
+            except Exception as exc:
+                log.exception("mlx_nb: closing the batch failed: %s", first_line(exc))
+            self.refuse_pending()
+            self._release()
+
+    def _load(self) -> None:
+        from mlx_nb.engine.layout import always_trimmable, is_batchable
+        from mlx_nb.engine.memory import MemoryPolicy
+        from mlx_nb.engine.prefix import PrefixCache
+        from mlx_nb.engine.scheduler import BatchRunner
+        from mlx_nb.models import ModelLoadError, load_model
+        from mlx_nb.runtime import runtime_info
+
+        self.runtime = runtime_info()
+        loaded = load_model(self.model_name)
+        unbatchable = [type(c).__name__ for c in loaded.make_cache() if not is_batchable(c)]
+        if unbatchable:
+            raise ModelLoadError(
+                f"{self.model_name} uses {sorted(set(unbatchable))} caches, which cannot be batched: "
+                "load a model without quantized/chunked KV caches"
+            )
+        self.loaded = loaded
+        self.memory = MemoryPolicy(loaded, **self.memory_options)
+        # Snapshots at segment ends (system prompt, conversation before the reply) are how a model
+        # whose cache can't be cut back (SSM state, a wrapped window) finds the next turn's prefix.
+        # Plain KV caches are trimmed back from any stored entry instead: no snapshot (each one is
+        # an extra prefill step and a cache copy per request).
+        self.snapshots = self.prefix_options["enabled"] and not all(
+            always_trimmable(c) for c in loaded.make_cache())
+        prefix = None
+        if self.prefix_options["enabled"]:
+            budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
+            prefix = PrefixCache(self.model_name, budget)
+        self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, **self.options)
+
+    def _serve(self) -> None:
+        runner = self.runner
+        while True:
+            try:
+                cmd = self.commands.get(block=not runner.active)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                if not self._handle(cmd):
+                    return
+                try:
+                    cmd = self.commands.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            if runner.active:
+                runner.step()
+                self.memory.after_step(runner)
+            else:  # idle (the last request finished or was aborted): give buffers back
+                self.memory.settle()
+
+    def _handle(self, cmd: tuple) -> bool:
+        kind = cmd[0]
+        if kind == "submit":
+            live = cmd[1]
+            if live.handle.done:  # aborted before it was admitted
+                return True
+            try:
+                if self.loaded.kind == "vision":  # prefilled alone, then its cache MOVES into the batch
+                    from mlx_nb.engine.vision import prefill_request
+
+                    caches, all_tokens = prefill_request(self.loaded, live, self.options["prefill_step_size"])
+                    self.runner.admit(live, caches=caches, all_tokens=all_tokens)
+                else:
+                    self.runner.admit(live)
+            except Exception as exc:
+                live.finish("error", error=f"could not start the request: {type(exc).__name__}: {first_line(exc)}")
+        elif kind == "abort":
+            try:
+                self.runner.abort(cmd[1])
+            except Exception as exc:  # the runner recovers on its next step; the abort is logged
+                log.exception("mlx_nb: abort of %s failed: %s", cmd[1], first_line(exc))
+        elif kind == "call":
+            fn, fut = cmd[1], cmd[2]
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+        elif kind == "close":
+            return False
+        return True
+
+    def _release(self) -> None:
+        """Drop the model and the batch, and give MLX's buffer cache back: a closed engine holds nothing."""
+        import gc
+
+        self.runner = None
+        self.loaded = None
+        gc.collect()  # the batch's objects form cycles: free their arrays now, not at some later collection
+        try:
+            import mlx.core as mx
+
+            mx.clear_cache()
+        except Exception:
+            pass
+
+    def refuse_pending(self) -> None:
+        """Commands that raced with close: their callers must not wait forever."""
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "submit":
+                cmd[1].finish("abort", error="the engine was closed before this request started")
+            elif cmd[0] == "call":
+                cmd[2].set_exception(EngineClosedError("the engine is closed"))
+
+    # -- other threads -----------------------------------------------------------------------
+    @property
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    def call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
+        """Run `fn` on the engine thread between two steps and return its result."""
+        if self.on_thread:
+            return fn()
+        fut: Future = Future()
+        with self.stop_lock:
+            if self.stopped or self.closing:
+                raise EngineClosedError("the engine is closed: create a new Engine")
+            self.commands.put(("call", fn, fut))
+        try:
+            return fut.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(
+                f"the engine thread did not answer within {timeout:.0f} s (a long prefill?): try again"
+            ) from None
+
+    def submit(self, live) -> None:
+        """Queue an admitted-at-submit request, or end it at once if the loop has stopped."""
+        with self.stop_lock:
+            if not self.stopped:
+                self.commands.put(("submit", live))
+                return
+        live.finish("abort", error="the engine was closed before this request started")
+
+    def abort(self, request_id: str) -> None:
+        if not self.closing:
+            self.commands.put(("abort", request_id))
+
+    def close(self) -> None:
+        """Ask the thread to leave (idempotent; also what a dropped Engine's finalizer calls)."""
+        with self.stop_lock:
+            if self.closing:
+                return
+            self.closing = True
+        self.commands.put(("close",))
