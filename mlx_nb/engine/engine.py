@@ -78,6 +78,7 @@ class Engine:
         self.loaded = None
         self._snapshots = False  # set at load: whether prompts are cut at segment ends for prefix snapshots
         self._runner = None
+        self._prefills = None  # a vision model's requests waiting for or in their prefill (VisionPrefills)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._ready = threading.Event()
         self._load_error: Optional[BaseException] = None
@@ -128,13 +129,15 @@ class Engine:
             with self._stop_lock:
                 self._stopped = True
             self._runner.close()
+            if self._prefills is not None:
+                self._prefills.close()
             self._refuse_pending()
 
     def _serve(self) -> None:
-        runner = self._runner
+        runner, prefills = self._runner, self._prefills
         while True:
             try:
-                cmd = self._commands.get(block=not runner.active)
+                cmd = self._commands.get(block=not (runner.active or prefills))
             except queue.Empty:
                 cmd = None
             while cmd is not None:
@@ -146,6 +149,8 @@ class Engine:
                     cmd = None
             if runner.active:
                 runner.step()
+            if prefills:  # one vision prefill chunk between batch steps
+                prefills.step()
 
     def _load(self) -> None:
         from mlx_nb.engine.prefix import PrefixCache
@@ -172,6 +177,11 @@ class Engine:
         if self.prefix_options["enabled"]:
             prefix = PrefixCache(self.model_name, self.prefix_options["max_bytes"])
         self._runner = BatchRunner(loaded, self.event_log, prefix=prefix, **self.options)
+        if loaded.kind == "vision":
+            from mlx_nb.engine.vision_prefill import VisionPrefills
+
+            self._prefills = VisionPrefills(loaded, self.event_log, self._runner, self.options["prefill_step_size"],
+                                            self.options["prefill_budget_s"])
 
     def _handle(self, cmd: tuple) -> bool:
         kind = cmd[0]
@@ -180,18 +190,16 @@ class Engine:
             if live.handle.done:  # aborted before it was admitted
                 return True
             try:
-                if self.loaded.kind == "vision":  # prefilled alone, then its cache MOVES into the batch
-                    from mlx_nb.engine.vision import prefill_request
-
-                    caches, all_tokens = prefill_request(self.loaded, live, self.options["prefill_step_size"])
-                    self._runner.admit(live, caches=caches, all_tokens=all_tokens)
+                if self._prefills is not None:  # prefilled alone, then its cache MOVES into the batch
+                    self._prefills.add(live)
                 else:
                     self._runner.admit(live)
             except Exception as exc:
                 live.finish("error", error=f"could not start the request: {type(exc).__name__}: {first_line(exc)}")
         elif kind == "abort":
             try:
-                self._runner.abort(cmd[1])
+                if not self._runner.abort(cmd[1]) and self._prefills is not None:
+                    self._prefills.abort(cmd[1])
             except Exception as exc:  # the runner recovers on its next step; the abort is logged
                 log.exception("mlx_nb: abort of %s failed: %s", cmd[1], first_line(exc))
         elif kind == "call":
@@ -287,7 +295,7 @@ class Engine:
 
             tokens, images, extra["prompt_text"] = prepare_vision_request(self.loaded, request, self.image_options)
             # No prefix reuse: an image's pad tokens don't identify the image (a hit could hand one
-            # image's state to another), and prefill_vision builds every cache itself anyway.
+            # image's state to another), and the vision prefill builds every cache itself anyway.
             extra["no_prefix_cache"] = True
         else:
             tokens, extra["boundaries"] = self._prompt_tokens(request)
@@ -358,7 +366,8 @@ class Engine:
         import mlx.core as mx
 
         runner = self._runner
-        requests = [lv.status() for lv in runner.live()]
+        waiting = self._prefills.live() if self._prefills is not None else []
+        requests = [lv.status() for lv in [*runner.live(), *waiting]]
         uptime = time.time() - self._started
         return {
             "kind": self.loaded.kind,
