@@ -125,10 +125,16 @@ def check_family(name: str, *, prefill_step_size: int = 16, seed: int = 0, timeo
 
     from mlx_nb.models import load_model
     from mlx_nb.models.cache_types import cache_type_label
+    from mlx_nb.models.vision import VisionFamilyRefused
 
     report = FamilyReport(architecture=name, cache_types=[])
     try:
         loaded = load_model(name)
+    except VisionFamilyRefused as exc:  # refused at load, before any request
+        report.architecture, report.verdict, report.reason = exc.family, "refused", exc.reason
+        report.cache_types = _language_model_caches(name)
+        report.checks = {c.name: None for c in cases(seed)}
+        return report
     except Exception as exc:
         report.reason = f"does not load: {_line(exc)}"
         return report
@@ -239,6 +245,18 @@ def _decide(report: FamilyReport) -> None:
                                    "equals mlx_vlm generate"])
         if skipped:
             report.reason += f" (not run: {', '.join(skipped)}: {report.details[skipped[0]][:100]})"
+
+
+def _language_model_caches(name: str) -> list[str]:
+    """The cache types of a family's language model, read through mlx_vlm alone."""
+    from mlx_vlm.models.cache import make_prompt_cache
+    from mlx_vlm.utils import load
+
+    from mlx_nb.models.cache_types import cache_type_label
+    from mlx_nb.models.sources import resolve
+
+    model, _ = load(str(resolve(name)))
+    return sorted({cache_type_label(c) for c in make_prompt_cache(model.language_model)})
 
 
 def _how_served(loaded) -> list[str]:

@@ -222,6 +222,18 @@ FAMILIES: dict[str, VisionFamily] = {
         placeholder="<|media_start|>image<|media_content|><|media_pad|><|media_end|>",
         markers=("<|media_start|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>", "<|im_assistant|>"),
     ),
+    "tiny-mllama": VisionFamily(  # Llama 3.2 Vision: image tiles read by cross-attention layers
+        config={"model_type": "mllama", "image_token_index": "<|image|>",
+                "text_config": {**_LLAMA, "model_type": "mllama", "num_hidden_layers": 3, "cross_attention_layers": [1]},
+                "vision_config": {"image_size": 56, "patch_size": 14, "hidden_size": 32, "intermediate_size": 64,
+                                  "num_hidden_layers": 2, "num_attention_heads": 2, "max_num_tiles": 4,
+                                  "num_global_layers": 1, "vision_output_dim": 64, "intermediate_layers_indices": [0]}},
+        placeholder="<|image|>",
+        preprocessor={"image_processor_type": "MllamaImageProcessor", "processor_class": "MllamaProcessor",
+                      "size": {"height": 56, "width": 56}, "max_image_tiles": 4, "do_pad": True, "resample": 2, **_NORM},
+        markers=("<|image|>", "<|python_tag|>", "<bos>"),
+        tokenizer_config={"bos_token": "<bos>"},
+    ),
 }
 
 

@@ -13,12 +13,15 @@ mlx_vlm's language models keep the current request's mRoPE state on the module (
 deltas before every decode step, and a prefill installs its request's state before each chunk.
 
 A family the compatibility sweep found it cannot batch (mlx_nb/compat/mlx_vlm.json, verdict
-"refused") is refused here, at load, with the sweep's one-line reason. `MLX_NB_VISION_COMPAT`
+"refused") is refused here, at load, with the sweep's one-line reason; so is a family whose language
+model takes state carried from step to step (cross-attention states, encoder outputs: mlx_vlm's
+generate passes them along from one decode step to the next, a batch row has nowhere to keep them). `MLX_NB_VISION_COMPAT`
 names another verdict file, or none when empty (the sweep itself reads none: it decides them).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -27,12 +30,23 @@ from typing import Any, Optional
 
 import mlx.nn as nn
 
+from mlx_nb.models.loader import ModelLoadError
 from mlx_nb.models.rope_delta_cache import RopeDeltaCache
 
 log = logging.getLogger("mlx_nb.models")
 
 # Per-request state mlx_vlm's language models keep on the module between calls.
 MODULE_STATE = ("_position_ids", "_rope_deltas")
+# Language-model inputs mlx_vlm's generate carries from one decode step to the next, per request.
+STEP_STATE = ("cross_attention_states", "encoder_outputs", "decoder_input_ids")
+
+
+class VisionFamilyRefused(ModelLoadError):
+    """A vision family that cannot join a shared decode batch; `reason` says why, in one line."""
+
+    def __init__(self, name: str, family: Optional[str], reason: str):
+        super().__init__(f"{name}: mlx_vlm family {family!r} cannot be batched: {reason}")
+        self.family, self.reason = family, reason
 COMPAT_FILE = Path(__file__).resolve().parent.parent / "compat" / "mlx_vlm.json"
 
 
@@ -95,13 +109,13 @@ def load_vision_model(name: str, path: Path, config: dict):
     from mlx_lm.tokenizer_utils import load as load_tokenizer
     from mlx_vlm.utils import get_model_type, load
 
-    from mlx_nb.models.loader import LoadedModel, ModelLoadError
+    from mlx_nb.models.loader import LoadedModel
 
     family = get_model_type(config)
     matrix = verdict_file()
     verdict = sweep_verdict(family, matrix) if matrix else None
     if verdict is not None and verdict.get("verdict") == "refused":
-        raise ModelLoadError(f"{name}: mlx_vlm family {family!r} cannot be batched: {verdict.get('reason')}")
+        raise VisionFamilyRefused(name, family, verdict.get("reason", "refused by the compatibility matrix"))
     if matrix and verdict is None:
         log.warning("mlx_nb: vision family %r is not in the compatibility sweep; it is served unverified", family)
     vision_model, processor = load(str(path))
@@ -111,6 +125,10 @@ def load_vision_model(name: str, path: Path, config: dict):
     # detokenizer (BPE/SPM) and tool parser exactly as for a text model.
     tokenizer = load_tokenizer(Path(path), eos_token_ids=eos or None)
     lm = vision_model.language_model
+    carried = [p for p in STEP_STATE if p in inspect.signature(lm.__call__).parameters]
+    if carried:
+        raise VisionFamilyRefused(name, family, f"its language model takes {', '.join(carried)} from step to step, "
+                                  "per request: a shared decode batch has no place for them")
     text_config = getattr(vision_model.config, "text_config", None)
     adapter = VisionLMAdapter(
         lm,
