@@ -89,6 +89,14 @@ FAMILIES: dict[str, VisionFamily] = {
                                   "fullatt_block_indexes": [1]}},
         preprocessor={**_QWEN_PIXELS, "processor_class": "Qwen2_5_VLProcessor"},
     ),
+    "tiny-qwen2-vl": VisionFamily(
+        config={"model_type": "qwen2_vl", "num_hidden_layers": 2, "rope_theta": 10000.0, "bos_token_id": "<|endoftext|>",
+                "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]}, **_QWEN_TEXT, **_QWEN_IDS,
+                "vision_config": {"model_type": "qwen2_vl", "depth": 2, "embed_dim": 32, "hidden_size": 64,
+                                  "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                                  "in_channels": 3, "mlp_ratio": 2}},
+        preprocessor={**_QWEN_PIXELS, "processor_class": "Qwen2VLProcessor"},
+    ),
     "tiny-qwen3-vl": VisionFamily(
         config={"model_type": "qwen3_vl", **_QWEN_IDS, "tie_word_embeddings": True,
                 "text_config": {"model_type": "qwen3_vl_text", "num_hidden_layers": 2, "rope_theta": 10000.0,
@@ -156,6 +164,27 @@ FAMILIES: dict[str, VisionFamily] = {
     ),
     "tiny-pixtral": _pixtral("pixtral", "PixtralProcessor", merge=1),  # image rows split by [IMG_BREAK]
     "tiny-mistral3": _pixtral("mistral3", "Mistral3Processor", merge=2),  # patches merged 2x2 before the LM
+    "tiny-lfm2-vl": VisionFamily(  # SigLIP2 patches over a HYBRID language model (conv ArraysCache + KVCache)
+        config={"model_type": "lfm2-vl", "image_token_id": "<image>", "downsample_factor": 2, "encoder_patch_size": 14,
+                "max_image_tokens": 16, "min_image_tokens": 4, "tile_size": 56, "max_num_patches": 64,
+                "projector_hidden_size": 64,
+                "text_config": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "norm_eps": 1e-5,
+                                "max_position_embeddings": 4096, "rope_theta": 10000.0, "conv_L_cache": 3,
+                                "block_auto_adjust_ff_dim": False, "block_dim": 64, "conv_dim": 64, "conv_dim_out": 64,
+                                "num_heads": 4,
+                                "layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+                "vision_config": {"model_type": "lfm2_vl", "hidden_size": 32, "intermediate_size": 64,
+                                  "num_hidden_layers": 2, "num_attention_heads": 2, "patch_size": 14,
+                                  "num_patches": 64}},
+        placeholder="<image>",
+        preprocessor={"image_processor_type": "Lfm2VlImageProcessor", "processor_class": "Lfm2VlProcessor",
+                      "downsample_factor": 2, "encoder_patch_size": 14, "max_image_tokens": 16,
+                      "min_image_tokens": 4, "tile_size": 56, "max_num_patches": 64, **_NORM},
+        processor={"processor_class": "Lfm2VlProcessor", "use_image_special_tokens": True},
+        markers=("<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>",
+                 *(f"<|img_row_{r}_col_{c}|>" for r in (1, 2, 3) for c in (1, 2, 3))),
+    ),
     "tiny-paligemma": VisionFamily(  # a prefix-LM: the prompt attends both ways, read in one pass
         config={"model_type": "paligemma", "image_token_index": "<image>", "hidden_size": 64, "projection_dim": 64,
                 "pad_token_id": "<|endoftext|>",

@@ -1,8 +1,8 @@
 """Every mlx-vlm family with a tiny fixture batches exactly as mlx_vlm generates alone, or is
 refused at load.
 
-Per family (Qwen2.5-VL, Qwen3-VL, Qwen3.5, Gemma 3, Idefics3, SmolVLM, LLaVA, LLaVA-Next, Pixtral,
-Mistral 3, PaliGemma, InternVL, GLM-4V, Kimi-VL; Mllama is refused): image and text-only requests
+Per family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, Gemma 3, Idefics3, SmolVLM, LLaVA, LLaVA-Next,
+Pixtral, Mistral 3, PaliGemma, InternVL, GLM-4V, Kimi-VL, LFM2-VL; Mllama is refused): image and text-only requests
 served together, one joining while the batch decodes and one aborted, each against mlx_vlm's own
 `stream_generate` alone (mlx_nb.compat.vision_check). The fixtures' answers must depend on the
 request and on the image, or equality would prove nothing. The committed matrix
