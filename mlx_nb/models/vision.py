@@ -13,10 +13,11 @@ mlx_vlm's language models keep the current request's mRoPE state on the module (
 deltas before every decode step, and a prefill installs its request's state before each chunk.
 
 A family the compatibility sweep found it cannot batch (mlx_nb/compat/mlx_vlm.json, verdict
-"refused") is refused here, at load, with the sweep's one-line reason; so is a family whose language
-model takes state carried from step to step (cross-attention states, encoder outputs: mlx_vlm's
-generate passes them along from one decode step to the next, a batch row has nowhere to keep them). `MLX_NB_VISION_COMPAT`
-names another verdict file, or none when empty (the sweep itself reads none: it decides them).
+"refused") is refused here, at load, with the sweep's one-line reason; so is a family whose
+language model takes state carried from step to step (cross-attention states, encoder outputs:
+mlx_vlm's generate passes them from one decode step to the next; a batch row has nowhere to keep
+them). `MLX_NB_VISION_COMPAT` names another verdict file, or none when empty (the sweep itself
+reads none: it decides them).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class VisionFamilyRefused(ModelLoadError):
     def __init__(self, name: str, family: Optional[str], reason: str):
         super().__init__(f"{name}: mlx_vlm family {family!r} cannot be batched: {reason}")
         self.family, self.reason = family, reason
+
+
 COMPAT_FILE = Path(__file__).resolve().parent.parent / "compat" / "mlx_vlm.json"
 
 
