@@ -30,11 +30,6 @@ def special_id(token: str, extra: tuple = ()) -> int:
     return 256 + [*SPECIAL_TOKENS, *extra].index(token)
 
 
-def vocab_size(extra: tuple = ()) -> int:
-    """Bytes + specials, padded to a multiple of 16 (VOCAB_SIZE when there are no extras)."""
-    return -(-(256 + len(SPECIAL_TOKENS) + len(extra)) // 16) * 16
-
-
 def write_tokenizer(dest: Path, chat_template: str, extra_config: dict | None = None, extra: tuple = ()) -> None:
     """tokenizer.json + tokenizer_config.json; `extra` special tokens (a vision family's image
     markers) get the ids after the shared ones."""
