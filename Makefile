@@ -25,5 +25,10 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# The vision rows of the compatibility matrix: every mlx-vlm fixture family against mlx_vlm's own generate.
+.PHONY: vision-sweep
+vision-sweep: setup
+	$(BIN)/python -m mlx_nb.compat.vision_sweep
+
 clean:
 	rm -rf $(VENV)

@@ -184,7 +184,7 @@ class Engine:
 
             tokens, images, extra["prompt_text"] = prepare_vision_request(loaded, request, self.image_options)
             # No prefix reuse: an image's pad tokens don't identify the image (a hit could hand one
-            # image's state to another), and prefill_vision builds every cache itself anyway.
+            # image's state to another), and the vision prefill builds every cache itself anyway.
             extra["no_prefix_cache"] = True
         else:
             tokens, extra["boundaries"] = self._prompt_tokens(loaded, request)
@@ -250,8 +250,9 @@ class Engine:
         return {**base, **self._call(self._status_on_thread)}
 
     def _status_on_thread(self) -> dict:
-        runner = self._loop.runner
-        requests = [lv.status() for lv in runner.live()]
+        runner, prefills = self._loop.runner, self._loop.prefills
+        waiting = prefills.live() if prefills is not None else []
+        requests = [lv.status() for lv in [*runner.live(), *waiting]]
         uptime = time.time() - self._started
         return {
             "kind": self.loaded.kind,

@@ -8,13 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def cache_type_name(cache: Any) -> Any:
-    """'KVCache', or for a CacheList the list of its members' names."""
-    members = getattr(cache, "caches", None)
-    if members is not None:
-        return [cache_type_name(c) for c in members]
-    return type(cache).__name__
+from mlx_nb.models.cache_types import cache_type_name  # noqa: F401  (the scheduler names insert caches with it)
 
 
 def is_batchable(cache: Any) -> bool:

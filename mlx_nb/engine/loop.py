@@ -42,6 +42,7 @@ class EngineLoop:
         self.load_error: Optional[BaseException] = None
         self.loaded = None
         self.runner = None
+        self.prefills = None  # a vision model's requests waiting for or in their prefill (VisionPrefills)
         self.memory = None  # MemoryPolicy, set at load
         self.snapshots = False  # set at load: whether prompts are cut at segment ends for prefix snapshots
         self.runtime: Optional[dict] = None  # read on the engine thread: it asks MLX for the device
@@ -70,10 +71,12 @@ class EngineLoop:
         finally:  # closed, or an unexpected error: nobody may be left waiting
             with self.stop_lock:
                 self.stopped = True
-            try:
-                self.runner.close()
-            except Exception as exc:
-                log.exception("mlx_nb: closing the batch failed: %s", first_line(exc))
+            for part in (self.runner, self.prefills):
+                try:
+                    if part is not None:
+                        part.close()
+                except Exception as exc:
+                    log.exception("mlx_nb: closing the batch failed: %s", first_line(exc))
             self.refuse_pending()
             self._release()
 
@@ -106,12 +109,17 @@ class EngineLoop:
             budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
             prefix = PrefixCache(self.model_name, budget)
         self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, **self.options)
+        if loaded.kind == "vision":
+            from mlx_nb.engine.vision_prefill import VisionPrefills
+
+            self.prefills = VisionPrefills(loaded, self.event_log, self.runner, self.options["prefill_step_size"],
+                                           self.options["prefill_budget_s"])
 
     def _serve(self) -> None:
-        runner = self.runner
+        runner, prefills = self.runner, self.prefills
         while True:
             try:
-                cmd = self.commands.get(block=not runner.active)
+                cmd = self.commands.get(block=not (runner.active or prefills))
             except queue.Empty:
                 cmd = None
             while cmd is not None:
@@ -124,7 +132,9 @@ class EngineLoop:
             if runner.active:
                 runner.step()
                 self.memory.after_step(runner)
-            else:  # idle (the last request finished or was aborted): give buffers back
+            if prefills:  # one vision prefill chunk between batch steps
+                prefills.step()
+            if not runner.active and not prefills:  # idle (the last request ended): give buffers back
                 self.memory.settle()
 
     def _handle(self, cmd: tuple) -> bool:
@@ -134,18 +144,16 @@ class EngineLoop:
             if live.handle.done:  # aborted before it was admitted
                 return True
             try:
-                if self.loaded.kind == "vision":  # prefilled alone, then its cache MOVES into the batch
-                    from mlx_nb.engine.vision import prefill_request
-
-                    caches, all_tokens = prefill_request(self.loaded, live, self.options["prefill_step_size"])
-                    self.runner.admit(live, caches=caches, all_tokens=all_tokens)
+                if self.prefills is not None:  # prefilled alone, then its cache MOVES into the batch
+                    self.prefills.add(live)
                 else:
                     self.runner.admit(live)
             except Exception as exc:
                 live.finish("error", error=f"could not start the request: {type(exc).__name__}: {first_line(exc)}")
         elif kind == "abort":
             try:
-                self.runner.abort(cmd[1])
+                if not self.runner.abort(cmd[1]) and self.prefills is not None:
+                    self.prefills.abort(cmd[1])
             except Exception as exc:  # the runner recovers on its next step; the abort is logged
                 log.exception("mlx_nb: abort of %s failed: %s", cmd[1], first_line(exc))
         elif kind == "call":
@@ -162,7 +170,7 @@ class EngineLoop:
         """Drop the model and the batch, and give MLX's buffer cache back: a closed engine holds nothing."""
         import gc
 
-        self.runner = None
+        self.runner = self.prefills = None
         self.loaded = None
         gc.collect()  # the batch's objects form cycles: free their arrays now, not at some later collection
         try:

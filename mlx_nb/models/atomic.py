@@ -42,3 +42,16 @@ def build_atomically(dest: Path, write: Callable[[Path], None]) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def write_text_atomically(dest: Path, text: str) -> Path:
+    """Write a file so that readers see the old content or the new, never a half-written one."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest

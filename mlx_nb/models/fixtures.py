@@ -102,7 +102,8 @@ WEIGHT_SCALE = 0.25  # large enough that greedy argmax is decisive, not a near-t
 
 
 def tiny_names() -> list[str]:
-    return sorted([*TINY_CONFIGS, *VISION_CONFIGS])
+    """Text fixtures first (one per cache layout), then one vision fixture per mlx-vlm family."""
+    return [*sorted(TINY_CONFIGS), *sorted(VISION_CONFIGS)]
 
 
 def fingerprint(name: str) -> str:

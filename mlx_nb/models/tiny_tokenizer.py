@@ -25,11 +25,14 @@ SPECIAL_TOKENS = [
 VOCAB_SIZE = 288  # 256 bytes + specials, padded to a multiple of 16
 
 
-def special_id(token: str) -> int:
-    return 256 + SPECIAL_TOKENS.index(token)
+def special_id(token: str, extra: tuple = ()) -> int:
+    """The id of a special token: the shared ones first, then a fixture's `extra` ones."""
+    return 256 + [*SPECIAL_TOKENS, *extra].index(token)
 
 
-def write_tokenizer(dest: Path, chat_template: str, extra_config: dict | None = None) -> None:
+def write_tokenizer(dest: Path, chat_template: str, extra_config: dict | None = None, extra: tuple = ()) -> None:
+    """tokenizer.json + tokenizer_config.json; `extra` special tokens (a vision family's image
+    markers) get the ids after the shared ones."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
@@ -39,7 +42,7 @@ def write_tokenizer(dest: Path, chat_template: str, extra_config: dict | None = 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in [*SPECIAL_TOKENS, *extra]])
     tok.save(str(dest / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

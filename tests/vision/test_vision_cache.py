@@ -5,7 +5,7 @@ import copy
 import mlx.core as mx
 
 from mlx_nb.engine.layout import is_batchable, is_trimmable
-from mlx_nb.engine.vision_cache import RopeDeltaCache
+from mlx_nb.models.rope_delta_cache import RopeDeltaCache
 
 
 def rows(c):

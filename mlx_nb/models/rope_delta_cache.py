@@ -1,6 +1,6 @@
 """RopeDeltaCache: carries each batch row's mRoPE position delta through mlx_lm's BatchGenerator.
 
-A Qwen-VL language model places the tokens after an image at `offset + rope_delta`, where the
+An mRoPE language model (Qwen-VL, GLM-4V) places the tokens after an image at `offset + rope_delta`, where the
 delta (usually negative: an image's h x w tokens span fewer positions than tokens) is fixed at
 prefill time per request. BatchGenerator knows nothing of it, but it does carry every object of a
 request's cache list through merge / filter / extend / extract. So the delta rides along as one

@@ -1,0 +1,45 @@
+"""mlx_nb/models never imports mlx_nb.engine: the engine depends on models, not the reverse
+(DESIGN.md). Read from the source, so an import inside a function counts too."""
+
+import ast
+from pathlib import Path
+
+import mlx_nb.models
+
+MODELS = Path(mlx_nb.models.__file__).parent
+
+
+def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, absolute module) for every import in the file, relative ones resolved in `package`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = node.module or "" if node.level == 0 else ".".join(
+                [*parts[: len(parts) - node.level + 1], *([node.module] if node.module else [])])
+            found += [(node.lineno, base), *((node.lineno, f"{base}.{a.name}") for a in node.names)]
+    return found
+
+
+def engine_imports(path: Path, package: str) -> list[str]:
+    return [f"{path.name}:{line} {name}" for line, name in sorted(imported_modules(path, package))
+            if name == "mlx_nb.engine" or name.startswith("mlx_nb.engine.")]
+
+
+def test_models_package_does_not_import_the_engine():
+    offenders = []
+    for path in sorted(MODELS.rglob("*.py")):
+        package = ".".join(path.relative_to(MODELS.parent.parent).parent.parts)
+        offenders += engine_imports(path, package)
+    assert not offenders, f"mlx_nb/models imports mlx_nb.engine: {offenders}"
+
+
+def test_the_check_sees_every_import_form(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import mlx_nb.engine.layout\ndef f():\n    from mlx_nb.engine.vision import x\n"
+                   "from ..engine import y\nfrom .. import engine\nfrom mlx_nb.models import z\nfrom . import atomic\n")
+    hits = engine_imports(bad, "mlx_nb.models")
+    assert [h.split(":")[1] for h in hits] == ["1 mlx_nb.engine.layout", "3 mlx_nb.engine.vision", "3 mlx_nb.engine.vision.x",
+                                              "4 mlx_nb.engine", "4 mlx_nb.engine.y", "5 mlx_nb.engine"]

@@ -1,0 +1,43 @@
+"""Every mlx-vlm family with a tiny fixture batches exactly as mlx_vlm generates alone, or is
+refused at load.
+
+Per family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, Gemma 3, Idefics3, SmolVLM, LLaVA, LLaVA-Next,
+Pixtral, Mistral 3, PaliGemma, InternVL, GLM-4V, Kimi-VL, LFM2-VL; Mllama is refused): image and text-only requests
+served together, one joining while the batch decodes and one aborted, each against mlx_vlm's own
+`stream_generate` alone (mlx_nb.compat.vision_check). The fixtures' answers must depend on the
+request and on the image, or equality would prove nothing. The committed matrix
+(mlx_nb/compat/mlx_vlm.json) must say what this run finds.
+"""
+
+import json
+
+import pytest
+
+from mlx_nb.compat.vision_check import check_family
+from mlx_nb.models.fixtures_vision import VISION_CONFIGS
+from mlx_nb.models.vision import COMPAT_FILE
+
+MATRIX = {e["architecture"]: e for e in json.loads(COMPAT_FILE.read_text())["entries"]}
+
+
+@pytest.mark.parametrize("name", sorted(VISION_CONFIGS))
+def test_family_batches_as_mlx_vlm_generates_alone(name):
+    report = check_family(name, prefill_step_size=16)
+    committed = MATRIX[report.architecture]
+    assert (committed["verdict"], committed["cache_types"]) == (report.verdict, report.cache_types), \
+        f"{report.reason}: mlx_nb/compat/mlx_vlm.json is stale: run python -m mlx_nb.compat.vision_sweep"
+    if report.verdict == "refused":  # at load: no request ran
+        assert set(report.checks.values()) == {None} and report.reason == committed["reason"]
+        return
+    failed = {k: report.details.get(k, "") for k, v in report.checks.items() if v is not True}
+    assert not failed, f"{name}: {failed}"
+    assert report.verdict == "batched", report.reason
+
+
+def test_matrix_lists_every_required_family():
+    required = {"qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "idefics3", "smolvlm", "llava", "llava_next",
+                "pixtral", "mistral3", "paligemma", "internvl_chat", "glm4v", "kimi_vl"}
+    assert required <= set(MATRIX)
+    for entry in MATRIX.values():
+        assert entry["package"] == "mlx_vlm" and entry["verdict"] in ("batched", "prefill_alone", "refused", "untestable")
+        assert entry["reason"] and "\n" not in entry["reason"]
