@@ -23,7 +23,7 @@ from mlx_nb.engine import workers
 from mlx_nb.engine.events import EventLog
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
-from mlx_nb.engine.layout import always_trimmable, describe_layers, is_batchable
+from mlx_nb.engine.layout import always_trimmable, describe_layers
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.messages import normalize_messages
 from mlx_nb.engine.prefix import segment_boundaries
@@ -58,6 +58,7 @@ class Engine:
         allow_remote_images: bool = False,
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 40_000_000,
+        batch_policy: Optional[str] = None,
         wait: bool = False,
     ):
         from mlx_nb.models.sources import DEFAULT_MODEL
@@ -68,6 +69,12 @@ class Engine:
         self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size,
                             prefill_budget_s=prefill_budget_s)
         self.prefix_options = dict(enabled=prefix_cache, max_bytes=prefix_cache_bytes)
+        # None: batch as the compatibility matrix says (engine/batchability.py); "batched" or
+        # "prefill_alone" force that mode (the sweep that measures the matrix does).
+        if batch_policy not in (None, "batched", "prefill_alone"):
+            raise ValueError(f"batch_policy must be None, 'batched' or 'prefill_alone', not {batch_policy!r}")
+        self._forced_policy = batch_policy
+        self.policy = None
         self.event_log = EventLog(event_capacity)
         self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)
             roots=image_roots if image_roots is not None else [os.getcwd()],
@@ -148,6 +155,7 @@ class Engine:
                 runner.step()
 
     def _load(self) -> None:
+        from mlx_nb.engine.batchability import policy_for, refusal
         from mlx_nb.engine.prefix import PrefixCache
         from mlx_nb.engine.scheduler import BatchRunner
         from mlx_nb.models import load_model
@@ -155,12 +163,9 @@ class Engine:
 
         self._runtime = runtime_info()
         loaded = load_model(self.model_name)
-        unbatchable = [type(c).__name__ for c in loaded.make_cache() if not is_batchable(c)]
-        if unbatchable:
-            raise ModelLoadError(
-                f"{self.model_name} uses {sorted(set(unbatchable))} caches, which cannot be batched: "
-                "load a model without quantized/chunked KV caches"
-            )
+        self.policy = policy_for(loaded, self._forced_policy)
+        if self.policy.mode == "refused":
+            raise ModelLoadError(refusal(self.model_name, self.policy))
         self.loaded = loaded
         # Snapshots at segment ends (system prompt, conversation before the reply) are how a model
         # whose cache can't be cut back (SSM state, a wrapped window) finds the next turn's prefix.
@@ -171,7 +176,7 @@ class Engine:
         prefix = None
         if self.prefix_options["enabled"]:
             prefix = PrefixCache(self.model_name, self.prefix_options["max_bytes"])
-        self._runner = BatchRunner(loaded, self.event_log, prefix=prefix, **self.options)
+        self._runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, **self.options)
 
     def _handle(self, cmd: tuple) -> bool:
         kind = cmd[0]
@@ -368,7 +373,8 @@ class Engine:
             "queue_length": sum(1 for r in requests if r["phase"] == "queued"),
             "prefilling": sum(1 for r in requests if r["phase"] == "prefill"),
             "prefill_chunk": runner.pacer.chunk,
-            "prefill_batch": runner.prefill_batch,  # 1 for architectures whose padded prefill is unsafe
+            "prefill_batch": runner.prefill_batch,  # 1 when the policy prefills prompts one at a time
+            "policy": self.policy.to_dict(),
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,
