@@ -1,11 +1,12 @@
 # Two entry points: `make lab` (JupyterLab serving the default model) and `make test` (the whole suite).
 # Both create .venv on first use and are safe to re-run.
+# `make compat` re-measures every mlx-lm architecture and regenerates docs/compatibility.md.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup system-deps clean
+.PHONY: lab test compat setup system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +25,10 @@ lab: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+compat: setup
+	nice $(BIN)/python -m mlx_nb.compat.sweep
+	$(BIN)/python -m mlx_nb.compat.docs
 
 clean:
 	rm -rf $(VENV)
