@@ -13,6 +13,7 @@ entry never had) takes the safe path: plain KV caches batch, anything else is pr
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -36,14 +37,22 @@ class BatchPolicy:
 
 
 def architecture_of(loaded) -> tuple[str, str]:
-    """(package, architecture): for a text model the mlx_lm module that built it (what the
-    matrix is keyed by, whatever model_type remapping led there); for a vision model its type."""
+    """(package, architecture): for a text model the mlx_lm module that built it, which is what the
+    matrix is keyed by (its model_type after mlx_lm's remapping, unless another module's Model was
+    built, as for an architecture remap); for a vision model its model_type."""
+    model_type = str(loaded.config.get("model_type", "unknown"))
     if loaded.kind == "vision":
-        return "mlx_vlm", str(loaded.config.get("model_type", "unknown"))
-    module = type(loaded.model).__module__
-    if module.startswith("mlx_lm.models."):
-        return "mlx_lm", module.rsplit(".", 1)[-1]
-    return "mlx_lm", str(loaded.config.get("model_type", "unknown"))
+        return "mlx_vlm", model_type
+    try:
+        from mlx_lm.utils import MODEL_REMAPPING
+    except ImportError:  # an mlx_lm without the table: model types are module names
+        MODEL_REMAPPING = {}
+    name = MODEL_REMAPPING.get(model_type, model_type)
+    module = sys.modules.get(f"mlx_lm.models.{name}")  # imported by the load
+    cls = type(loaded.model)
+    if getattr(module, "Model", None) is cls or not cls.__module__.startswith("mlx_lm.models."):
+        return "mlx_lm", name
+    return "mlx_lm", cls.__module__.rsplit(".", 1)[-1]
 
 
 def policy_for(loaded, forced: Optional[str] = None) -> BatchPolicy:
