@@ -6,9 +6,10 @@
 - `refused`: wrong even then, or failing when batched, or a cache type that cannot merge: the
   model is not loaded, with a one-line reason naming its type.
 
-An architecture the matrix has never seen (a newer mlx-lm, an `untested` entry, or cache types its
-entry never had) takes the safe path: plain KV caches batch, anything else is prefilled alone;
-`Engine.status()["policy"]` says which policy applies and why.
+An architecture the matrix has never seen (a newer mlx-lm, an `untested` entry, cache types its
+entry never had, or a `batched` verdict measured on another version of the package) takes the
+safe path: plain KV caches batch, anything else is prefilled alone; `Engine.status()["policy"]`
+says which policy applies and why.
 """
 
 from __future__ import annotations
