@@ -1,11 +1,12 @@
 # Two entry points: `make lab` (JupyterLab serving the default model) and `make test` (the whole suite).
 # Both create .venv on first use and are safe to re-run.
+# `make compat` re-measures every mlx-lm architecture and regenerates docs/compatibility.md.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup system-deps clean
+.PHONY: lab test compat setup system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,10 +26,17 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest
 
-# The vision rows of the compatibility matrix: every mlx-vlm fixture family against mlx_vlm's own generate.
+# The compatibility matrix: every mlx-lm architecture and every mlx-vlm fixture family, measured
+# against mlx_lm's generate_step / mlx_vlm's own generate, then docs/compatibility.md.
 .PHONY: vision-sweep
+compat: setup
+	nice $(BIN)/python -m mlx_nb.compat.sweep
+	nice $(BIN)/python -m mlx_nb.compat.vision_sweep
+	$(BIN)/python -m mlx_nb.compat.docs
+
 vision-sweep: setup
 	$(BIN)/python -m mlx_nb.compat.vision_sweep
+	$(BIN)/python -m mlx_nb.compat.docs
 
 clean:
 	rm -rf $(VENV)

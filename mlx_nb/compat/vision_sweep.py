@@ -46,9 +46,10 @@ def main(argv=None) -> int:
     counts = Counter(e["verdict"] for e in entries)
     print(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     if not args.names:
-        document = {
-            "generated": datetime.date.today().isoformat(),
+        document = {  # the schema of mlx_nb/compat/matrix.py, as the text sweep writes it
+            "package": "mlx_vlm",
             "versions": {pkg: version(pkg) for pkg in ("mlx", "mlx_lm", "mlx_vlm")},
+            "date": datetime.date.today().isoformat(),
             "entries": sorted(entries, key=lambda e: e["architecture"]),
         }
         write_text_atomically(COMPAT_FILE, json.dumps(document, indent=1) + "\n")

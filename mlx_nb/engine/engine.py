@@ -56,6 +56,7 @@ class Engine:
         allow_remote_images: bool = False,
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 40_000_000,
+        batch_policy: Optional[str] = None,
         wait: bool = False,
     ):
         from mlx_nb.models.sources import DEFAULT_MODEL
@@ -73,9 +74,13 @@ class Engine:
             max_pixels=max_image_pixels,
         )
         self.prefix_options = dict(enabled=prefix_cache, max_bytes=prefix_cache_bytes)
+        # None: batch as the compatibility matrix says (engine/batchability.py); "batched" or
+        # "prefill_alone" force that mode (the sweep that measures the matrix does).
+        if batch_policy not in (None, "batched", "prefill_alone"):
+            raise ValueError(f"batch_policy must be None, 'batched' or 'prefill_alone', not {batch_policy!r}")
         self.memory_options = dict(memory_limit=memory_limit, buffer_cache_bytes=buffer_cache_bytes)
         self._loop = EngineLoop(self.model_name, self.options, self.prefix_options, self.memory_options,
-                                self.event_log)
+                                self.event_log, batch_policy)
         self._started = time.time()
         self._ids = itertools.count(1)
         self._job = workers.start(self._loop.run)
@@ -94,6 +99,11 @@ class Engine:
     @property
     def ready(self) -> bool:
         return self._loop.ready.is_set() and self._loop.load_error is None and not self.closed
+
+    @property
+    def policy(self):
+        """How this model batches (engine/batchability.py): set once the model is loaded."""
+        return self._loop.policy
 
     @property
     def closed(self) -> bool:
@@ -262,7 +272,8 @@ class Engine:
             "queue_length": sum(1 for r in requests if r["phase"] == "queued"),
             "prefilling": sum(1 for r in requests if r["phase"] == "prefill"),
             "prefill_chunk": runner.pacer.chunk,
-            "prefill_batch": runner.prefill_batch,  # 1 for architectures whose padded prefill is unsafe
+            "prefill_batch": runner.prefill_batch,  # 1 when the policy prefills prompts one at a time
+            "policy": self._loop.policy.to_dict(),
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,

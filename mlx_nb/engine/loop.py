@@ -31,12 +31,14 @@ class EngineClosedError(RuntimeError):
 
 class EngineLoop:
     def __init__(self, model_name: str, options: dict, prefix_options: dict, memory_options: dict,
-                 event_log: EventLog):
+                 event_log: EventLog, forced_policy: Optional[str] = None):
         self.model_name = model_name
         self.options = options
         self.prefix_options = prefix_options
         self.memory_options = memory_options
         self.event_log = event_log
+        self.forced_policy = forced_policy
+        self.policy = None  # how the model batches (engine/batchability.py), set at load
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = threading.Event()
         self.load_error: Optional[BaseException] = None
@@ -81,7 +83,8 @@ class EngineLoop:
             self._release()
 
     def _load(self) -> None:
-        from mlx_nb.engine.layout import always_trimmable, is_batchable
+        from mlx_nb.engine.batchability import policy_for, refusal
+        from mlx_nb.engine.layout import always_trimmable
         from mlx_nb.engine.memory import MemoryPolicy
         from mlx_nb.engine.prefix import PrefixCache
         from mlx_nb.engine.scheduler import BatchRunner
@@ -90,12 +93,9 @@ class EngineLoop:
 
         self.runtime = runtime_info()
         loaded = load_model(self.model_name)
-        unbatchable = [type(c).__name__ for c in loaded.make_cache() if not is_batchable(c)]
-        if unbatchable:
-            raise ModelLoadError(
-                f"{self.model_name} uses {sorted(set(unbatchable))} caches, which cannot be batched: "
-                "load a model without quantized/chunked KV caches"
-            )
+        self.policy = policy_for(loaded, self.forced_policy)
+        if self.policy.mode == "refused":
+            raise ModelLoadError(refusal(self.model_name, self.policy))
         self.loaded = loaded
         self.memory = MemoryPolicy(loaded, **self.memory_options)
         # Snapshots at segment ends (system prompt, conversation before the reply) are how a model
@@ -108,7 +108,7 @@ class EngineLoop:
         if self.prefix_options["enabled"]:
             budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
             prefix = PrefixCache(self.model_name, budget)
-        self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, **self.options)
+        self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, **self.options)
         if loaded.kind == "vision":
             from mlx_nb.engine.vision_prefill import VisionPrefills
 

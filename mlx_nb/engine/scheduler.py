@@ -23,10 +23,6 @@ from mlx_nb.engine.upstream import extracted, progress, responses
 
 log = logging.getLogger("mlx_nb.engine")
 
-# Architectures whose SSM ignores right-padding lengths during a batched prefill: their prompts
-# are prefilled one request at a time (decode still batches), never silently wrong.
-PADDING_UNSAFE = {"nemotron_h"}
-
 
 class BatchRunner:
     def __init__(
@@ -39,13 +35,17 @@ class BatchRunner:
         prefill_step_size: int = 512,
         prefill_budget_s: Optional[float] = 0.25,
         prefix=None,
+        policy=None,
     ):
         self.loaded = loaded
         self.prefix = prefix  # a PrefixCache, or None when reuse is off
         self.events = events
         self.max_batch = max_batch
         # Never above max_batch: BatchGenerator would raise its decode batch to the prefill batch.
-        self.prefill_batch = 1 if loaded.config.get("model_type") in PADDING_UNSAFE else min(prefill_batch, max_batch)
+        # 1 when the model's batch policy (engine/batchability.py) says its state reads the
+        # padding of a prompt batch: prompts are then prefilled one at a time, decode still batches.
+        alone = policy is not None and policy.mode == "prefill_alone"
+        self.prefill_batch = 1 if alone else min(prefill_batch, max_batch)
         self.prefill_step_size = prefill_step_size
         self.pacer = PrefillPacer(prefill_step_size, prefill_budget_s)
         self.samplers = SamplerCache()

@@ -47,11 +47,13 @@ def _cell(v: Any) -> str:
 
 def status_table(status: dict, backend: str) -> Table:
     mem = status.get("memory") or {}
+    policy = status.get("policy") or {}
     rows = [
         ["backend", backend],
         ["model", status.get("model")],
         ["state", "loading" if status.get("loading") else ("error: " + str(status["error"])) if status.get("error")
          else "ready"],
+        ["batching", f"{policy['mode']} ({policy['source']}): {policy['reason']}" if policy else None],
         ["batch size (peak)", f"{status.get('batch_size', 0)} ({status.get('peak_batch_size', '-')})"],
         ["queued / prefilling", f"{status.get('queue_length', 0)} / {status.get('prefilling', 0)}"],
         ["steps", status.get("steps")],

@@ -1,47 +1,29 @@
-"""Architectures that need care: refused at load with a clear message, or batched a safe way.
+"""How an architecture may batch, decided from the measured matrix: refused at load with a one-line
+reason, or, when the matrix has never seen it, the safe path (plain KV caches batch, any other
+cache is prefilled one request at a time), said in status().
 
-Both are real mlx_lm architectures built small with random weights in a temporary directory.
+The models are real mlx_lm architectures built tiny with random weights (configs generated from
+each module's ModelArgs).
 """
+
+import json
 
 import pytest
 
 from mlx_nb import Engine
-from mlx_nb.models import ModelLoadError
-from mlx_nb.models.fixtures import write_random_model
-from mlx_nb.models.templates import LENIENT_CHATML
-from mlx_nb.models.tiny_tokenizer import VOCAB_SIZE
+from mlx_nb.compat import matrix
+from mlx_nb.compat.configs import write_tiny
+from mlx_nb.engine.batchability import decide
+from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.models import ModelLoadError, load_model
+from reference import reply_tokens
 
-# llama4 reads its context in chunks: ChunkedKVCache has no merge, so rows of it cannot be batched.
-LLAMA4 = {
-    "model_type": "llama4",
-    "text_config": {
-        "model_type": "llama4_text", "vocab_size": VOCAB_SIZE, "hidden_size": 64, "num_hidden_layers": 4,
-        "intermediate_size": 64, "intermediate_size_mlp": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "attention_bias": False, "attention_chunk_size": 8, "interleave_moe_layer_step": 1,
-        "num_local_experts": 2, "num_experts_per_tok": 1, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-        "rope_scaling": None, "rope_theta": 10000.0, "use_qk_norm": True,
-    },
-}
-
-# nemotron_h's SSM ignores right-padding lengths: a padded batched prefill corrupts shorter rows.
-NEMOTRON_H = {
-    "model_type": "nemotron_h", "vocab_size": VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128,
-    "max_position_embeddings": 4096, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "attention_bias": False, "mamba_num_heads": 4, "mamba_head_dim": 16, "mamba_proj_bias": False,
-    "ssm_state_size": 16, "conv_kernel": 4, "n_groups": 1, "mlp_bias": False, "layer_norm_epsilon": 1e-5,
-    "use_bias": False, "use_conv_bias": True, "hybrid_override_pattern": "M*M-", "tie_word_embeddings": True,
-}
-
-
-def build(tmp_path, name: str, config: dict) -> str:
-    out = tmp_path / name
-    out.mkdir()
-    write_random_model(out, config, LENIENT_CHATML, seed=7)
-    return str(out)
+PROMPTS = ["a", "a much longer prompt than the others, " * 3, "one of middle length"]
 
 
 def test_a_model_whose_cache_cannot_merge_is_refused_at_load(tmp_path):
-    engine = Engine(build(tmp_path, "tiny-llama4", LLAMA4))
+    """llama4 reads its context in chunks: ChunkedKVCache has no merge, so its rows cannot batch."""
+    engine = Engine(str(write_tiny("llama4", tmp_path / "llama4")))
     with pytest.raises(ModelLoadError) as err:
         engine.wait_ready(120)
     message = str(err.value)
@@ -49,20 +31,67 @@ def test_a_model_whose_cache_cannot_merge_is_refused_at_load(tmp_path):
     engine.close()
 
 
-PROMPTS = ["a", "a much longer prompt than the others, " * 3, "one of middle length"]
+def test_an_architecture_the_matrix_refuses_is_refused_at_load_in_one_line(tmp_path):
+    refused = sorted(a for a, e in matrix.entries("mlx_lm").items()
+                     if e["verdict"] == "refused" and not e["details"].get("unmergeable"))
+    assert refused, "the matrix refuses no architecture for its outputs: nothing to check"
+    arch = refused[0]
+    engine = Engine(str(write_tiny(arch, tmp_path / arch)))
+    with pytest.raises(ModelLoadError) as err:
+        engine.wait_ready(120)
+    message = str(err.value)
+    assert "\n" not in message and f"cannot be served batched: {arch}:" in message
+    assert "docs/compatibility.md" in message
+    engine.close()
 
 
-def test_padding_unsafe_ssm_is_prefilled_one_request_at_a_time_and_matches_alone(tmp_path):
-    with Engine(build(tmp_path, "tiny-nemotron-h", NEMOTRON_H), prefix_cache=False, wait=True) as engine:
-        alone = [engine.generate(prompt=p, max_tokens=8).token_ids for p in PROMPTS]
-        together = [engine.submit(prompt=p, max_tokens=8) for p in PROMPTS]
-        assert [h.result(timeout=120).token_ids for h in together] == alone
-        assert engine.status()["prefill_batch"] == 1
+def test_an_architecture_absent_from_the_matrix_takes_the_safe_path():
+    from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
+
+    kv = decide("brand_new_arch", [KVCache(), KVCache()], entries={})
+    assert (kv.mode, kv.source) == ("batched", "unseen")
+    assert "brand_new_arch is not in the compatibility matrix" in kv.reason
+    for caches in ([ArraysCache(2), KVCache()], [CacheList(ArraysCache(2), KVCache())], [RotatingKVCache(8)]):
+        policy = decide("brand_new_arch", caches, entries={})
+        assert (policy.mode, policy.source) == ("prefill_alone", "unseen"), caches
+
+
+def test_a_verdict_covers_only_the_cache_types_and_the_version_it_was_measured_with():
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    entries = {"some_arch": {"verdict": "batched", "reason": "measured", "cache_types": ["KVCache", "ArraysCache"]}}
+    assert decide("some_arch", [KVCache()], entries=entries).source == "matrix"
+    wider = decide("some_arch", [ArraysCache(2), RotatingKVCache(8)], entries=entries)
+    assert (wider.mode, wider.source) == ("prefill_alone", "unseen") and "RotatingKVCache" in wider.reason
+    newer = "measured with mlx-lm 0.32.2, installed 9.9.9"
+    stale = decide("some_arch", [ArraysCache(2), KVCache()], entries=entries, stale=newer)
+    assert (stale.mode, stale.source) == ("prefill_alone", "unseen") and newer in stale.reason
+    assert decide("some_arch", [KVCache()], entries=entries, stale=newer).mode == "batched"  # plain KV
+
+
+def test_engine_loads_an_unseen_architecture_the_safe_way_and_says_so(tmp_path, monkeypatch):
+    """The shipped data minus falcon_h1 and llama: falcon_h1 (SSM + attention in a CacheList) is
+    prefilled one request at a time, llama (plain KV) batches; both still match generate_step."""
+    data = matrix.read("mlx_lm", matrix.HERE)
+    data["entries"] = [e for e in data["entries"] if e["architecture"] not in ("falcon_h1", "llama")]
+    (tmp_path / "mlx_lm.json").write_text(json.dumps(data))
+    monkeypatch.setenv("MLX_NB_COMPAT_DIR", str(tmp_path))
+    for name, arch, mode in (("tiny-falcon-h1", "falcon_h1", "prefill_alone"), ("tiny-llama", "llama", "batched")):
+        loaded = load_model(name)
+        want = [reply_tokens(loaded, encode_prompt(loaded.tokenizer, p, chat=False), 8) for p in PROMPTS]
+        del loaded
+        with Engine(name, prefix_cache=False, wait=True) as engine:
+            policy = engine.status()["policy"]
+            assert (policy["mode"], policy["source"], policy["architecture"]) == (mode, "unseen", arch)
+            assert f"{arch} is not in the compatibility matrix" in policy["reason"]
+            assert engine.status()["prefill_batch"] == (1 if mode == "prefill_alone" else 32)
+            together = [engine.submit(prompt=p, max_tokens=8) for p in PROMPTS]
+            assert [h.result(timeout=120).token_ids for h in together] == want
 
 
 def test_which_cache_types_can_join_a_batch():
-    """The load-time check behind the refusal above, for every mlx_lm cache type (seed 003: a
-    quantized KV cache must be refused clearly, never crash mid-batch)."""
+    """The load-time check behind the first refusal, for every mlx_lm cache type (a quantized KV
+    cache must be refused clearly, never crash mid-batch)."""
     from mlx_lm.models.cache import (
         ArraysCache, CacheList, ChunkedKVCache, KVCache, QuantizedKVCache, RotatingKVCache,
     )
@@ -75,3 +104,13 @@ def test_which_cache_types_can_join_a_batch():
     assert not is_batchable(ChunkedKVCache(8))
     assert not is_batchable(RotatingKVCache(8, keep=4))  # batched rotating caches keep nothing
     assert not is_batchable(CacheList(ArraysCache(2), QuantizedKVCache()))
+    refused = decide("any", [KVCache(), CacheList(ArraysCache(2), QuantizedKVCache())], entries={})
+    assert refused.mode == "refused" and "QuantizedKVCache" in refused.reason
+
+
+def test_the_matrix_is_looked_up_by_the_module_that_built_the_model(tmp_path):
+    """solar_open re-exports glm4_moe's Model: it is still looked up as solar_open, its own entry."""
+    from mlx_nb.engine.batchability import architecture_of
+
+    assert architecture_of(load_model(str(write_tiny("solar_open", tmp_path / "s")))) == ("mlx_lm", "solar_open")
+    assert architecture_of(load_model("tiny-gemma3")) == ("mlx_lm", "gemma3_text")

@@ -221,6 +221,7 @@ def test_status_cache_models_help(ip, magics):
     _, cap = run(ip, "%mlx status")
     html = cap.outputs[0].data["text/html"]
     assert "tiny-llama" in html and "embedded" in html and "batch size" in cap.outputs[0].data["text/plain"]
+    assert "batched (matrix): llama: batched output equals" in cap.outputs[0].data["text/plain"]
     _, cap = run(ip, "%mlx cache")
     html, text = cap.outputs[0].data["text/html"], cap.outputs[0].data["text/plain"]
     assert html.count("<tr>") == 1 + 2  # header + one row per layer of tiny-llama

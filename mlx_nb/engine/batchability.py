@@ -1,0 +1,139 @@
+"""How a loaded model may batch, decided from the measured compatibility matrix, never a hand list.
+
+- `batched`: the matrix verified that prompts prefilled together give the tokens each gives alone.
+- `prefill_alone`: each prompt is prefilled on its own (its state would read a batch's padding),
+  then decodes in the shared batch.
+- `refused`: wrong even then, or failing when batched, or a cache type that cannot merge: the
+  model is not loaded, with a one-line reason naming its type.
+
+An architecture the matrix has never seen (a newer mlx-lm, an `untested` entry, cache types its
+entry never had, or a `batched` verdict measured on another version of the package) takes the
+safe path: plain KV caches batch, anything else is prefilled alone; `Engine.status()["policy"]`
+says which policy applies and why.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from mlx_nb.compat import matrix
+from mlx_nb.engine.layout import cache_type_name, is_batchable
+
+MODES = ("batched", "prefill_alone", "refused")
+DOC = "docs/compatibility.md"
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    mode: str  # one of MODES
+    source: str  # "matrix" | "unseen" | "caches" (a cache that cannot merge) | "forced" (by the caller)
+    reason: str  # one line
+    architecture: str
+    package: str = "mlx_lm"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def architecture_of(loaded) -> tuple[str, str]:
+    """(package, architecture): for a text model the mlx_lm module that built it, which is what the
+    matrix is keyed by (its model_type after mlx_lm's remapping, unless another module's Model was
+    built, as for an architecture remap); for a vision model its model_type."""
+    model_type = str(loaded.config.get("model_type", "unknown"))
+    if loaded.kind == "vision":
+        return "mlx_vlm", model_type
+    try:
+        from mlx_lm.utils import MODEL_REMAPPING
+    except ImportError:  # an mlx_lm without the table: model types are module names
+        MODEL_REMAPPING = {}
+    name = MODEL_REMAPPING.get(model_type, model_type)
+    module = sys.modules.get(f"mlx_lm.models.{name}")  # imported by the load
+    cls = type(loaded.model)
+    if getattr(module, "Model", None) is cls or not cls.__module__.startswith("mlx_lm.models."):
+        return "mlx_lm", name
+    return "mlx_lm", cls.__module__.rsplit(".", 1)[-1]
+
+
+def policy_for(loaded, forced: Optional[str] = None) -> BatchPolicy:
+    package, arch = architecture_of(loaded)
+    data = matrix.read(package) or {}
+    return decide(arch, loaded.make_cache(), package, forced=forced, entries=matrix.index(data),
+                  stale=_stale(package, data))
+
+
+def _stale(package: str, data: dict) -> Optional[str]:
+    """'measured with mlx-lm 0.32.2, installed 0.33.0' when the model code may have changed since."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    measured = data.get("versions", {}).get(package)
+    dist = package.replace("_", "-")
+    try:
+        installed = version(dist)
+    except PackageNotFoundError:
+        return None
+    return None if measured in (None, installed) else f"measured with {dist} {measured}, installed {installed}"
+
+
+def decide(
+    architecture: str,
+    caches: list,
+    package: str = "mlx_lm",
+    *,
+    forced: Optional[str] = None,
+    entries: Optional[dict] = None,
+    stale: Optional[str] = None,
+) -> BatchPolicy:
+    """The policy for `architecture` with these (fresh) layer caches; `entries` defaults to the
+    shipped matrix for `package`; `forced` ("batched" / "prefill_alone") overrides the matrix.
+    `stale` (why) says the matrix was measured on another version of the model code: a verdict
+    of `batched` then covers only plain KV caches (wrong answers are what we never risk)."""
+    # The vision adapter's rope-delta pseudo-cache holds no tokens: it is never part of a verdict.
+    caches = [c for c in caches if cache_type_name(c) != "RopeDeltaCache"]
+    names = [cache_type_name(c) for c in caches]
+    cannot = unmergeable(caches)
+    if cannot:
+        return BatchPolicy("refused", "caches", f"{architecture} uses {cannot} caches, which cannot be "
+                           "batched: load a model without quantized/chunked KV caches", architecture, package)
+    if forced is not None:
+        return BatchPolicy(forced, "forced", f"{forced} as the caller asked", architecture, package)
+    table = matrix.entries(package) if entries is None else entries
+    entry = table.get(architecture)
+    if entry is None or entry["verdict"] == "untested":
+        why = "is not in the compatibility matrix" if entry is None else f"could not be measured ({entry['reason']})"
+        return _safe(architecture, package, names, f"{architecture} {why}")
+    unseen = matrix.leaf_types(names) - matrix.leaf_types(entry.get("cache_types", []))
+    if unseen and entry["verdict"] == "batched":
+        return _safe(architecture, package, names,
+                     f"{architecture} was measured without {sorted(unseen)} caches")
+    if stale and entry["verdict"] == "batched":
+        return _safe(architecture, package, names, f"{architecture} was {stale}")
+    return BatchPolicy(entry["verdict"], "matrix", f"{architecture}: {entry['reason']}", architecture, package)
+
+
+def _safe(architecture: str, package: str, names: list, why: str) -> BatchPolicy:
+    if all(n == "KVCache" for n in matrix.leaf_types(names)):
+        return BatchPolicy("batched", "unseen", f"{why}; plain KV caches batch safely", architecture, package)
+    return BatchPolicy("prefill_alone", "unseen", f"{why}; its {sorted(matrix.leaf_types(names))} caches are "
+                       "prefilled one request at a time, as a precaution", architecture, package)
+
+
+def refusal(model_name: str, policy: BatchPolicy) -> str:
+    """The one-line load error for a refused model."""
+    if policy.source == "caches":
+        return f"{model_name}: {policy.reason}"
+    return f"{model_name} cannot be served batched: {policy.reason} (see {DOC})"
+
+
+def unmergeable(caches: list) -> list[str]:
+    """Names of the cache classes (CacheList members included) BatchGenerator cannot merge."""
+    return sorted({type(c).__name__ for c in _leaves(caches) if not is_batchable(c)})
+
+
+def _leaves(caches: list) -> list:
+    out = []
+    for c in caches:
+        members = getattr(c, "caches", None)
+        out.extend(_leaves(list(members)) if members is not None else [c])
+    return out
