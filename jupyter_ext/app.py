@@ -61,6 +61,9 @@ class MLXExtension(ExtensionApp):
         Unicode(), help="Directories local image paths may come from (empty: the server's root_dir)."
     ).tag(config=True)
     allow_remote_images = Bool(False, help="Let requests fetch images from http(s) URLs.").tag(config=True)
+    allow_private_image_hosts = Bool(
+        False, help="Let remote images come from loopback, private, link-local or reserved addresses too."
+    ).tag(config=True)
     max_image_bytes = Int(20 * 2**20, help="Largest image (encoded bytes) a request may send or reference.").tag(
         config=True
     )
@@ -110,6 +113,7 @@ class MLXExtension(ExtensionApp):
             prefix_cache_bytes=self.prefix_cache_bytes,
             image_roots=list(self.image_roots) or [self.serverapp.root_dir],
             allow_remote_images=self.allow_remote_images,
+            allow_private_image_hosts=self.allow_private_image_hosts,
             max_image_bytes=self.max_image_bytes,
             max_image_pixels=self.max_image_pixels,
         )
