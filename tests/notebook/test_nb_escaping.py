@@ -252,3 +252,18 @@ def test_chat_panel_escapes_replies_and_errors(forced):
     (output,) = panel.transcript.children[-1].outputs
     problems, shown = audit_html(PERMISSIVE["markdown-it"](output["data"]["text/markdown"]))
     assert problems == [] and "image not found: <img src=x onerror=1>.png" in shown
+
+
+def test_cache_drawing_escapes_what_a_server_sends():
+    """CacheInspector draws a layout that may come from any server it is pointed at (W.HTML: raw HTML)."""
+    import xml.etree.ElementTree as ET
+
+    from mlx_nb.widgets.svg_cache import build_cache_svg
+
+    hostile = '"><img src=x onerror="window.__pwned=1">'
+    layout = {"model": hostile, "request": hostile, "layers": [
+        {"layer": hostile, "type": hostile, "offset": hostile, "shapes": [[1, 2]], "dtype": hostile, "nbytes": 8}]}
+    svg = build_cache_svg(layout)
+    root = ET.fromstring(svg)  # well-formed: nothing broke out of an attribute or a text node
+    assert {el.tag.split("}")[-1] for el in root.iter()} <= {"svg", "g", "rect", "text", "title"}
+    assert not any(name.startswith("on") for el in root.iter() for name in el.attrib)
