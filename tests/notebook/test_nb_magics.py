@@ -330,7 +330,7 @@ def live(tmp_path_factory):
 def test_keyboard_interrupt_aborts_the_request_on_the_server(ip, magics, live):
     """A notebook connected to the server: Ctrl-C closes the stream and the server drops the request."""
     since = live.last_seq()
-    run(ip, f"%mlx connect {live.url} --token {live.token}")
+    run(ip, f"%mlx connect {live.url} --token {live.key}")
     try:
         assert magics.client.backend == live.url
         interrupted_chat(ip, magics)
