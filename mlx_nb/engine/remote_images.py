@@ -212,7 +212,9 @@ async def afetch(url: str, where: str, opts: Any) -> bytes:
 
 def remote_url(part: dict) -> Any:
     """The http(s) URL an image part points at, if any."""
-    value = part.get("image") or part.get("image_url")
+    value = part.get("image")
+    if value is None:
+        value = part.get("image_url")
     if value is None and isinstance(part.get("source"), dict):
         value = part["source"].get("url")
     if isinstance(value, dict):
