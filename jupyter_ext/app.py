@@ -10,13 +10,17 @@ SDKs already retry on (with backoff), so scripts started together with the serve
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from jupyter_core.application import base_aliases
 from jupyter_server.extension.application import ExtensionApp
+from jupyter_server.utils import url_path_join
 from traitlets import Bool, Float, Int, List, Unicode, default
 
 from jupyter_ext import handlers, monitor
-from jupyter_ext.kernel_env import KernelEnv
+from jupyter_ext.headless import ModelServerApp
+from jupyter_ext.kernel_env import KernelEnv, KernelPort, direct_url
+from jupyter_ext.keys import KEY_FILE, Keys, load_or_create_key
 from mlx_nb.models.sources import DEFAULT_MODEL
 
 ROUTES = [
@@ -39,7 +43,8 @@ class MLXExtension(ExtensionApp):
     name = "mlx"
     description = "One shared, continuously batched MLX engine behind an OpenAI/Anthropic-compatible route."
     load_other_extensions = False  # `jupyter mlx` is an inference server; `jupyter lab` loads us anyway
-    aliases = {**base_aliases, "model": "MLXExtension.model"}
+    serverapp_class = ModelServerApp  # `jupyter mlx`: the model routes only, unless asked for more
+    aliases = {**base_aliases, "model": "MLXExtension.model", "services": "ModelServerApp.jupyter_services"}
 
     model = Unicode(DEFAULT_MODEL, help="Model to serve: a built-in name, a local path, a .gguf file or a hub id.").tag(
         config=True
@@ -69,12 +74,23 @@ class MLXExtension(ExtensionApp):
         Unicode(), help="Directories local image paths may come from (empty: the server's root_dir)."
     ).tag(config=True)
     allow_remote_images = Bool(False, help="Let requests fetch images from http(s) URLs.").tag(config=True)
+    allow_private_image_hosts = Bool(
+        False, help="Let remote images come from loopback, private, link-local or reserved addresses too."
+    ).tag(config=True)
     max_image_bytes = Int(20 * 2**20, help="Largest image (encoded bytes) a request may send or reference.").tag(
         config=True
     )
     max_image_pixels = Int(40_000_000, help="Largest image (width x height) a request may send.").tag(config=True)
     max_body_bytes = Int(
         32 * 2**20, help="Largest request body the mlx routes accept (413 above); fits one base64 max-size image."
+    ).tag(config=True)
+    api_keys = List(
+        Unicode(), help="API keys the mlx/v1 routes accept (and no other route), besides the generated one."
+    ).tag(config=True)
+    api_key_file = Unicode(
+        None, allow_none=True,
+        help="Where the generated API key is kept, owner-only (default: Jupyter's runtime dir/mlx-nb-api-key); "
+        "'' generates none.",
     ).tag(config=True)
     load_on_start = Bool(True, help="Start loading the model with the server (else: on the first request).").tag(
         config=True
@@ -90,14 +106,32 @@ class MLXExtension(ExtensionApp):
     def initialize_settings(self):
         self.engine = None
         self.event_queues: set = set()  # live /events streams, woken when the extension stops
-        self.kernel_env = KernelEnv()
-        url = self.kernel_env.publish(self.serverapp)  # the port may still move: refreshed at start
-        self.log.info("mlx: serving %s at %s", self.model, url)
+        self.keys = Keys(list(self.api_keys), self._generated_key())
+        self.kernel_env, self.kernel_port = KernelEnv(), KernelPort()
+        self.kernel_env.publish(direct_url(self.serverapp), self.keys.kernel_key)  # the port may move: see start
         if self.load_on_start:
             self.start_engine()
 
+    def _generated_key(self):
+        if self.api_key_file == "":
+            return None
+        path = Path(self.api_key_file or Path(self.serverapp.runtime_dir) / KEY_FILE)
+        key = load_or_create_key(path, self.log)
+        routes = url_path_join(self.serverapp.base_url, "mlx/v1/")
+        self.log.info("mlx: API key for %s (OpenAI / Anthropic clients; nothing else of Jupyter): %s  (kept in %s)",
+                      routes, key, path)
+        return key
+
     async def _start_jupyter_server_extension(self, serverapp):
-        self.kernel_env.publish(serverapp)  # now the port is bound for sure
+        """Now the server listens: the kernels' URL is its own port, or a loopback port of the
+        mlx routes when its own is TLS or a unix socket (kernel_env.py)."""
+        url = direct_url(serverapp)
+        if url is None:
+            routes = [(url_path_join(serverapp.base_url, pattern), handler, {"name": self.name})
+                      for pattern, handler in ROUTES]
+            url = self.kernel_port.start(serverapp, routes)
+        self.kernel_env.publish(url, self.keys.kernel_key)
+        self.log.info("mlx: serving %s; kernels reach it at %s", self.model, url)
 
     def start_engine(self):
         """Create the Engine (it loads in the background) unless it exists; returns it."""
@@ -120,6 +154,7 @@ class MLXExtension(ExtensionApp):
             buffer_cache_bytes=self.buffer_cache_bytes,
             image_roots=list(self.image_roots) or [self.serverapp.root_dir],
             allow_remote_images=self.allow_remote_images,
+            allow_private_image_hosts=self.allow_private_image_hosts,
             max_image_bytes=self.max_image_bytes,
             max_image_pixels=self.max_image_pixels,
         )
@@ -136,6 +171,7 @@ class MLXExtension(ExtensionApp):
             self.log.exception("mlx: closing the engine failed")
         if hasattr(self, "kernel_env"):
             self.kernel_env.restore()
+            self.kernel_port.stop()
 
 
 main = launch_instance = MLXExtension.launch_instance

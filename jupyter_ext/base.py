@@ -1,10 +1,11 @@
 """MLXHandler: what every `mlx/v1` route shares — auth, limits, readiness and error bodies.
 
-- Auth is Jupyter's: `Authorization: token|Bearer <t>` (what the openai SDK sends) works through
-  the server's IdentityProvider. The anthropic SDK sends `x-api-key: <t>` instead, so for these
-  routes only, that header is presented to the IdentityProvider as `Authorization: token <t>`
-  before it runs. Nothing is checked here: whatever provider the server uses (token, JupyterHub,
-  custom) still decides, and a token-authenticated request skips XSRF exactly as it would anyway.
+- Auth: an mlx API key (keys.py: `Authorization: Bearer|token <key>` or `x-api-key: <key>`) is
+  accepted here and only here; the request then sees a KeyIdentity and KeyAuthorizer instead of
+  the server's. Anything else is Jupyter's own auth: a browser session, or the Jupyter token the
+  same two ways (the anthropic SDK's `x-api-key` is presented to the IdentityProvider as
+  `Authorization: token <t>`). Whatever provider the server uses (token, password, JupyterHub,
+  custom) still decides those, and a token-authenticated request skips XSRF as it would anyway.
 - No credentials (or wrong ones) is 401, so SDKs raise their AuthenticationError; an
   authenticated user the authorizer refuses stays 403.
 - Every error is JSON in the route's wire shape (OpenAI, or Anthropic for `messages`), never a
@@ -21,6 +22,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
+from jupyter_ext.keys import KeyAuthorizer, KeyIdentity
 from mlx_nb.api import (
     APIError,
     from_request_error,
@@ -37,6 +39,7 @@ _KINDS = {401: "authentication_error", 403: "permission_error", 404: "not_found_
 class MLXHandler(ExtensionHandlerMixin, APIHandler):
     auth_resource = "mlx"
     anthropic = False  # error bodies in Anthropic's shape (the `messages` route)
+    key_identity: Optional[KeyIdentity] = None  # set when the request presented an mlx API key
 
     @property
     def ext(self):
@@ -44,7 +47,18 @@ class MLXHandler(ExtensionHandlerMixin, APIHandler):
         return self.extensionapp
 
     # -- auth and limits ---------------------------------------------------------------------
+    @property
+    def identity_provider(self):
+        return self.key_identity or super().identity_provider
+
+    @property
+    def authorizer(self):
+        return KeyAuthorizer() if self.key_identity else super().authorizer
+
     async def prepare(self):
+        keys = self.ext.keys
+        if keys.accepts(keys.presented(self.request.headers)):
+            self.key_identity = KeyIdentity(super().identity_provider)
         key = self.request.headers.get("x-api-key")
         if key and not self.request.headers.get("Authorization", "").strip():
             self.request.headers["Authorization"] = f"token {key}"

@@ -36,6 +36,7 @@ from mlx_nb.api import (
     sse_done,
     sse_event,
 )
+from mlx_nb.engine.images import prefetch_remote_images
 from mlx_nb.engine.types import Delta
 
 
@@ -70,8 +71,12 @@ class GenerateHandler(MLXHandler):
         super().on_connection_close()
 
     async def submit(self, kwargs: dict):
-        """`engine.submit` off the event loop: it templates and tokenizes the prompt."""
-        handle = await asyncio.to_thread(self.ready_engine().submit, **kwargs)
+        """`engine.submit` off the event loop: it templates and tokenizes the prompt. Remote images
+        are fetched first, awaited here on their own threads (not the executor every route shares)."""
+        engine = self.ready_engine()
+        if engine.loaded.kind == "vision" and kwargs.get("messages") is not None:
+            kwargs["messages"] = await prefetch_remote_images(kwargs["messages"], engine.image_options)
+        handle = await asyncio.to_thread(engine.submit, **kwargs)
         self.handle = handle
         if self.gone:  # left while the prompt was being tokenized
             handle.abort()

@@ -14,3 +14,20 @@ def forcing(token_ids: list[int]):
         return mx.where(mask[None], 0.0, -1e9).astype(logits.dtype)
 
     return processor
+
+
+class ForcedEngine:
+    """A real Engine whose every request answers `text` then stops (tiny fixtures: one token per
+    byte), for tests that need known model output through Client, magics and widgets."""
+
+    def __init__(self, engine, text: str):
+        tok = engine.loaded.tokenizer
+        self.engine = engine
+        self.ids = tok.encode(text, add_special_tokens=False) + [sorted(tok.eos_token_ids)[0]]
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def submit(self, **kwargs):
+        kwargs["max_tokens"] = len(self.ids)
+        return self.engine.submit(**kwargs, logits_processors=[forcing(self.ids)])

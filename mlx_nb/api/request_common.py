@@ -9,9 +9,9 @@ extensions (vLLM, llama.cpp, mlx_lm.server) clients send.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Optional, TypeVar, Union
+from typing import Any, Iterable, Optional, TypeVar, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from mlx_nb.api.errors import (
     APIError,
@@ -24,13 +24,34 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class WireModel(BaseModel):
-    """Base for request models: unknown fields are ignored, as the real APIs' SDKs add new ones."""
+    """Base for request models: unknown fields are ignored, as the real APIs' SDKs add new ones.
+    JSON's true/false is not a number: pydantic would read it as 1/0, the real APIs refuse it."""
 
     model_config = ConfigDict(extra="ignore")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and _wants_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
+
+
+def _wants_number(annotation: Any) -> bool:
+    kinds, todo = set(), [annotation]
+    while todo:
+        t = todo.pop()
+        args = get_args(t)
+        if args:
+            todo.extend(args)
+        else:
+            kinds.add(t)
+    return bool(kinds & {int, float}) and bool not in kinds
+
 
 def load_body(body: Union[dict, bytes, str]) -> dict:
-    """The request as a dict; malformed JSON or a non-object body is a 400 that says so."""
+    """The request as a dict; malformed JSON, a non-object body or text that is not Unicode (a
+    lone surrogate such as "\\ud800", which JSON lets through) is a 400 that says so."""
     if isinstance(body, (bytes, bytearray, str)):
         try:
             body = json.loads(body)
@@ -40,9 +61,43 @@ def load_body(body: Union[dict, bytes, str]) -> dict:
             raise invalid_request(
                 f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
             ) from None
+        except RecursionError:
+            raise invalid_request("request body is not valid JSON: it nests deeper than Python can read") from None
+        except ValueError:  # an integer with more digits than Python converts
+            raise invalid_request("request body is not valid JSON: a number is too long to read") from None
     if not isinstance(body, dict):
         raise invalid_request(f"request body must be a JSON object, not {type(body).__name__}")
+    _check_unicode(body)
     return body
+
+
+def _check_unicode(body: dict) -> None:
+    """Every string and key must be Unicode text: a lone UTF-16 surrogate is refused here, once,
+    instead of failing in the tokenizer or the response writer. Iterative: bodies nest deeply."""
+    todo: list[tuple[str, Any]] = [("", body)]
+    while todo:
+        path, node = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            where = f"{path}.{key}" if path else str(key)
+            for text, what in ((key, "key"), (value, "value")):
+                if isinstance(text, str) and not _is_unicode(text):
+                    shown = where.encode("utf-8", "backslashreplace").decode("utf-8")  # the key may be the culprit
+                    raise invalid_request(
+                        f"{shown}: the {what} holds a lone UTF-16 surrogate, which is not Unicode text: "
+                        "send surrogate pairs whole (or the character itself)",
+                        shown,
+                    )
+            if isinstance(value, (dict, list)):
+                todo.append((where, value))
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validate(model: type[M], data: dict) -> M:

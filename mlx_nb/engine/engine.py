@@ -54,6 +54,7 @@ class Engine:
         event_capacity: int = 4096,
         image_roots: Optional[list] = None,
         allow_remote_images: bool = False,
+        allow_private_image_hosts: bool = False,
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 40_000_000,
         batch_policy: Optional[str] = None,
@@ -70,6 +71,7 @@ class Engine:
         self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)
             roots=image_roots if image_roots is not None else [os.getcwd()],
             allow_remote=allow_remote_images,
+            allow_private=allow_private_image_hosts,  # remote images from loopback/private/... addresses
             max_bytes=max_image_bytes,
             max_pixels=max_image_pixels,
         )

@@ -5,23 +5,27 @@ Accepted in a message's content list, OpenAI style or directly:
 - `{"type": "image", "image": <PIL image | HxW[xC] ndarray | url or path string>}`;
 - `{"type": "image", "source": {"type": "base64", "media_type": ..., "data": ...}}` (Anthropic).
 A url is a `data:` URL (png, jpeg, webp, gif: first frame), a local path or `file://` URL under one
-of the allowed roots, or an http(s) URL (refused unless remote images are allowed). Anything
-wrong raises a one-line RequestError naming the field, e.g. "messages[0].content[1]: ...".
+of the allowed roots (a relative path is relative to the first root; no hidden file or folder,
+i.e. no path component starting with "."), or an http(s) URL (refused unless remote images are
+allowed; then fetched as remote_images.py says). Anything wrong raises a one-line RequestError
+naming the field, e.g. "messages[0].content[1]: ...".
 mlx_vlm's own `load_image` is not used because a server needs what it lacks: allowed roots, byte
 and pixel limits, remote URLs refused by default, and errors that name the offending part.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import Any, Callable, Iterator
 
+from mlx_nb.engine import remote_images
 from mlx_nb.engine.types import RequestError, TooLargeError
 
 IMAGE_PART_TYPES = {"image", "image_url", "input_image"}
@@ -31,9 +35,12 @@ IMAGE_PART_TYPES = {"image", "image_url", "input_image"}
 class ImageOptions:
     roots: list[Path] = field(default_factory=lambda: [Path.cwd()])  # local files only under these
     allow_remote: bool = False
+    allow_private: bool = False  # remote images from loopback / private / link-local ... addresses too
     max_bytes: int = 20 * 1024 * 1024  # per image, encoded
     max_pixels: int = 40_000_000  # per image, width x height
-    timeout_s: float = 10.0  # for remote images, when allowed
+    timeout_s: float = 10.0  # for remote images, when allowed: the whole fetch, redirects included
+    resolve: Callable[[str, int], list[str]] = remote_images.resolve  # host, port -> addresses
+    connect: Callable[[str, int, float], Any] = remote_images.connect  # address, port, timeout -> socket
 
     def __post_init__(self):
         roots = [self.roots] if isinstance(self.roots, (str, Path)) else self.roots
@@ -45,21 +52,41 @@ def decode_message_images(messages: Any, opts: ImageOptions) -> Any:
 
     Anything that is not a list of message dicts is returned as is, for normalize_messages to refuse.
     """
-    if not isinstance(messages, list):
+    return _replace_parts(messages, {id(part): {"type": "image", "image": decode_part(part, where, opts)}
+                                     for where, part in _image_parts(messages)})
+
+
+async def prefetch_remote_images(messages: Any, opts: ImageOptions) -> Any:
+    """A copy of `messages` whose http(s) image parts hold the fetched bytes, for a server to await
+    before `submit` (which then decodes them): fetching never holds a thread the server shares."""
+    if not opts.allow_remote:
         return messages
-    out = []
+    found = [(where, part, url) for where, part in _image_parts(messages) if (url := remote_images.remote_url(part))]
+    if not found:
+        return messages
+    data = await asyncio.gather(*(remote_images.afetch(url, where, opts) for where, _, url in found))
+    return _replace_parts(messages, {id(part): {"type": "image", "image": blob}
+                                     for (_, part, _), blob in zip(found, data)})
+
+
+def _image_parts(messages: Any) -> Iterator[tuple[str, dict]]:
+    """(where, part) for every image part of a list of message dicts; anything else yields nothing
+    (normalize_messages refuses it later)."""
+    if not isinstance(messages, list):
+        return
     for i, msg in enumerate(messages):
         content = msg.get("content") if isinstance(msg, dict) else None
-        if not isinstance(content, list):
-            out.append(msg)
-            continue
-        parts = []
-        for j, part in enumerate(content):
+        for j, part in enumerate(content if isinstance(content, list) else ()):
             if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
-                part = {"type": "image", "image": decode_part(part, f"messages[{i}].content[{j}]", opts)}
-            parts.append(part)
-        out.append({**msg, "content": parts})
-    return out
+                yield f"messages[{i}].content[{j}]", part
+
+
+def _replace_parts(messages: Any, new: dict) -> Any:
+    """`messages` with the parts whose id() is in `new` replaced (the rest shared, not copied)."""
+    if not new:
+        return messages
+    return [{**m, "content": [new.get(id(p), p) for p in m["content"]]}
+            if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
 
 
 def images_in(messages: list[dict]) -> list:
@@ -137,13 +164,18 @@ def _data_url_bytes(url: str, where: str, opts: ImageOptions) -> bytes:
 
 def _read_file(value: str, where: str, opts: ImageOptions) -> bytes:
     path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = opts.roots[0] / path  # the server's root dir, not the process's cwd
     try:
         real = path.resolve(strict=True)
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):
         raise RequestError(f"{where}: image file not found: {value}", where) from None
-    if not any(real == root or real.is_relative_to(root) for root in opts.roots):
+    root = next((r for r in opts.roots if real == r or real.is_relative_to(r)), None)
+    if root is None:
         roots = ", ".join(str(r) for r in opts.roots)
         raise RequestError(f"{where}: image path {value} is outside the allowed image roots ({roots})", where)
+    if _hidden(PurePath(value)) or _hidden(real.relative_to(root)):
+        raise RequestError(f"{where}: image path {value} is or is inside a hidden file or folder: not served", where)
     if not real.is_file():
         raise RequestError(f"{where}: image path {value} is not a file", where)
     if real.stat().st_size > opts.max_bytes:
@@ -152,20 +184,17 @@ def _read_file(value: str, where: str, opts: ImageOptions) -> bytes:
         return f.read(opts.max_bytes + 1)
 
 
+def _hidden(path: PurePath) -> bool:
+    return any(part.startswith(".") and part not in (".", "..") for part in path.parts)
+
+
 def _fetch(url: str, where: str, opts: ImageOptions) -> bytes:
     if not opts.allow_remote:
         raise RequestError(
             f"{where}: remote image URLs are not fetched (allow_remote_images=False): send a data: URL or a local file",
             where,
         )
-    try:
-        with urllib.request.urlopen(url, timeout=opts.timeout_s) as resp:
-            data = resp.read(opts.max_bytes + 1)
-    except OSError as exc:
-        raise RequestError(f"{where}: could not fetch the image ({exc})", where) from exc
-    if len(data) > opts.max_bytes:
-        raise TooLargeError(f"{where}: image is larger than {opts.max_bytes} bytes", where)
-    return data
+    return remote_images.fetch(url, where, opts)
 
 
 # -- decoding -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 Rendering has three modes: `live` (one Markdown display updated at a throttled rate: Jupyter),
 `final` (one display at the end: nbval ignores update_display_data, MLX_NB_NO_STREAM=1) and
 `terminal` (plain text deltas printed as they come: terminal IPython prints every update in full).
+Markdown is always `mlx_nb.safe_markdown`'s: the model's HTML shows as text, never runs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import re
 import sys
 import time
 from typing import Any, Optional
+
+from mlx_nb.safe_markdown import markdown_bundle
 
 # `{name}`, `{name.attr}`, `{Out[3]}`; `{{...}}` is left alone.
 _FIELD = re.compile(r"(?<!\{)\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[-?\d+\])*)\}(?!\})")
@@ -75,7 +78,7 @@ class ChatAnswer(str):
 
     IPython's displayhook asks `_ipython_display_` first; in the producing cell (same execution
     count) it does nothing, so the answer shows once (the streamed display) yet lands in `_` and
-    `Out[n]`. Shown later (`Out[3]`, `answer`), it renders as Markdown with a text/plain fallback.
+    `Out[n]`. Shown later (`Out[3]`, `answer`), it renders as (escaped) Markdown with a text/plain fallback.
     """
 
     reply: Any = None
@@ -96,7 +99,7 @@ class ChatAnswer(str):
         ip = get_ipython()
         if ip is not None and self.cell is not None and ip.execution_count == self.cell:
             return
-        display(_bundle(str(self)), raw=True)
+        display(markdown_bundle(str(self)), raw=True)
 
 
 def render(stream, mode: str, hz: float = 10.0) -> str:
@@ -120,26 +123,21 @@ def render(stream, mode: str, hz: float = 10.0) -> str:
         return "".join(parts)
     from IPython.display import display
 
-    handle = display(_bundle(""), raw=True, display_id=True)
+    handle = display(markdown_bundle(""), raw=True, display_id=True)
     period, last = 1.0 / hz, time.monotonic()
     try:
         for chunk in stream:
             parts.append(chunk)
             now = time.monotonic()
             if now - last >= period:
-                handle.update(_bundle("".join(parts)), raw=True)
+                handle.update(markdown_bundle("".join(parts)), raw=True)
                 last = now
     finally:  # the last update holds the whole text, also after an interrupt or an error
-        handle.update(_bundle("".join(parts)), raw=True)
+        handle.update(markdown_bundle("".join(parts)), raw=True)
     return "".join(parts)
-
-
-def _bundle(text: str) -> dict:
-    # text/plain too, so a frontend without Markdown shows the answer, not an object repr
-    return {"text/markdown": text, "text/plain": text}
 
 
 def _display_markdown(text: str) -> None:
     from IPython.display import display
 
-    display(_bundle(text), raw=True)
+    display(markdown_bundle(text), raw=True)

@@ -2,7 +2,8 @@
 
 Generation runs on a worker thread and only writes widget state (comm messages go out whatever
 cell is running), so the kernel stays free and several panels can stream at once, batched
-together by the engine. Replies render as Markdown through an `Output` widget's outputs.
+together by the engine. Replies render as Markdown through an `Output` widget's outputs, escaped
+first (`mlx_nb.safe_markdown`): Output widgets render as trusted, so raw HTML in a reply would run.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from typing import Any, Optional
 
 import ipywidgets as W
 
+from mlx_nb.safe_markdown import safe_markdown
+
 UPDATE_PERIOD_S = 0.1  # ~10 Hz: every update resends the whole reply
 
 
-def _markdown(out: W.Output, text: str) -> None:
-    out.outputs = ({"output_type": "display_data", "data": {"text/markdown": text, "text/plain": text},
+def _markdown(out: W.Output, text: str, note: str = "") -> None:
+    """Show model `text` (escaped: see mlx_nb.safe_markdown) followed by our own Markdown `note`."""
+    out.outputs = ({"output_type": "display_data",
+                    "data": {"text/markdown": safe_markdown(text) + note, "text/plain": text + note},
                     "metadata": {}},)
 
 
@@ -145,12 +150,12 @@ class ChatPanel(W.VBox):
                 now = time.perf_counter()
                 if now - last >= UPDATE_PERIOD_S:
                     last = now
-                    _markdown(answer, "".join(parts) + " ▌")
+                    _markdown(answer, "".join(parts), " ▌")
                     self.speed.value = f"{len(parts)} chunks, {len(parts) / max(now - t0, 1e-6):.1f}/s"
             reply = stream.reply
             self.replies.append(reply)
             text = "".join(parts)
-            _markdown(answer, text + ("\n\n*[stopped]*" if reply.finish_reason == "abort" else ""))
+            _markdown(answer, text, "\n\n*[stopped]*" if reply.finish_reason == "abort" else "")
             if text:
                 self.messages.append({"role": "assistant", "content": text})
             tps = reply.tokens_per_s
@@ -160,7 +165,8 @@ class ChatPanel(W.VBox):
             text = "".join(parts)
             if not text and self.messages and self.messages[-1] is history[-1]:
                 self.messages.pop()  # nothing was answered: don't resend the failed question
-            _markdown(answer, (text + "\n\n" if text else "") + f"**mlx:** {' '.join(str(exc).split())}")
+            problem = safe_markdown(" ".join(str(exc).split()))  # may quote a server's words
+            _markdown(answer, text, ("\n\n" if text else "") + f"**mlx:** {problem}")
             self.speed.value = "error"
         finally:
             self._stream = None

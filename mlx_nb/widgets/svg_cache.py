@@ -78,7 +78,7 @@ def build_cache_svg(layout: dict) -> str:
         kind = layer.get("type") or "?"
         label = _label(layer)
         nbytes = layer.get("nbytes") or 0
-        out.append(f'<g class="layer" data-layer="{layer.get("layer", i)}" data-type="{escape(kind)}">'
+        out.append(f'<g class="layer" data-layer="{escape(str(layer.get("layer", i)))}" data-type="{escape(kind)}">'
                    f"<title>{escape(label)} - {nbytes} bytes, dtype {escape(str(layer.get('dtype')))}</title>")
         out.append(f'<rect x="8" y="{y + 3}" width="10" height="{ROW_H - 6}" fill="{color(kind)}"/>')
         short = label if len(label) <= 58 else label[:57] + "..."

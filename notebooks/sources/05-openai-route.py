@@ -1,8 +1,8 @@
 # %% [markdown]
 # # The OpenAI-compatible route: any SDK, one shared engine
 #
-# The Jupyter server extension serves the engine over HTTP under `{base_url}mlx/v1/`, with the
-# server's own authentication. Anything that speaks the OpenAI API — the `openai` SDK, `curl`,
+# The Jupyter server extension serves the engine over HTTP under `{base_url}mlx/v1/`, behind an
+# API key of its own that opens these routes and nothing else of Jupyter. Anything that speaks the OpenAI API — the `openai` SDK, `curl`,
 # editors, agents — or the Anthropic Messages API can use it, and every one of them shares the batch
 # with your notebooks.
 #
@@ -12,10 +12,10 @@
 
 # %%
 import os
-import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,10 +26,10 @@ import httpx
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-token = secrets.token_hex(16)
+key_file = Path(tempfile.mkdtemp()) / "mlx-nb-api-key"  # by default: in Jupyter's runtime dir
 jupyter = str(Path(sys.executable).with_name("jupyter"))
 server = subprocess.Popen(
-    [jupyter, "mlx", "--allow-root", "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
+    [jupyter, "mlx", "--allow-root", "--ip=127.0.0.1", f"--port={port}", f"--MLXExtension.api_key_file={key_file}",
      "--ServerApp.open_browser=False", "--MLXExtension.model=smollm2-135m-instruct"],
     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
 )
@@ -53,15 +53,18 @@ def wait_until_ready(timeout_s=120):
 
 
 wait_until_ready()
+key = key_file.read_text().strip()  # the server also prints it when it starts
 
 # %% [markdown]
 # ## The openai SDK
-# The server's token is the API key (it is sent as `Authorization: Bearer <token>`).
+# The server's mlx API key is the API key (sent as `Authorization: Bearer <key>`). It is written
+# owner-only when the server first starts and kept across restarts; it opens the model routes and
+# nothing else, so it is what an editor or agent should hold — never the Jupyter token.
 
 # %%
 from openai import OpenAI
 
-client = OpenAI(base_url=base, api_key=token)
+client = OpenAI(base_url=base, api_key=key)
 
 # %% tags=["nbval-check-output"]
 print([m.id for m in client.models.list().data])
@@ -124,13 +127,13 @@ print(reply.choices[0].message.content)
 
 # %% [markdown]
 # ## The anthropic SDK
-# The Messages API is served too; the Anthropic SDK sends its key as `x-api-key`, which the route
-# accepts in place of the token header. (Sampling is greedy unless a temperature is given.)
+# The Messages API is served too; the Anthropic SDK sends its key as `x-api-key`, which the routes
+# accept as well. (Sampling is greedy unless a temperature is given.)
 
 # %% tags=["nbval-check-output"]
 from anthropic import Anthropic
 
-claude_style = Anthropic(base_url=f"http://127.0.0.1:{port}/mlx", api_key=token)
+claude_style = Anthropic(base_url=f"http://127.0.0.1:{port}/mlx", api_key=key)
 message = claude_style.messages.create(
     model="smollm2-135m-instruct", max_tokens=24,
     system="Answer in one sentence.",
@@ -153,11 +156,15 @@ print(text)
 print(final.stop_reason, final.usage.output_tokens, "tokens")
 
 # %% [markdown]
-# ## Without the token, nothing
-# Every model route requires the Jupyter identity.
+# ## Without the key, nothing; with it, nothing else
+# Every model route requires the key (or Jupyter's own login). The key opens no Jupyter route, and
+# this headless server serves no kernels, files or terminals at all.
 
 # %% tags=["nbval-check-output"]
 print(httpx.post(f"{base}/chat/completions", json={"messages": []}).status_code)
+with_key = {"Authorization": f"Bearer {key}"}
+print(httpx.get(f"http://127.0.0.1:{port}/api/status", headers=with_key).status_code)
+print(httpx.get(f"http://127.0.0.1:{port}/api/kernels", headers=with_key).status_code)
 
 # %%
 server.terminate()

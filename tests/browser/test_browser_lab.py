@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -59,21 +60,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_notebook(path: Path) -> None:
+def _write_notebook(path: Path, cells: list[str] = CELLS) -> None:
     import nbformat
 
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nbformat.write(nb, str(path))
 
 
 class Lab:
     """A `jupyter lab` subprocess on loopback with its own token, root, settings and workspaces."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: Path, cells: list[str] = CELLS, model: str = "smollm2-135m-instruct"):
+        self.root, self.cells, self.model = root, cells, model
         self.port, self.token = _free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = root / "lab.log"
@@ -88,7 +89,7 @@ class Lab:
     def start(self) -> None:
         notebooks = self.root / "notebooks"
         notebooks.mkdir()
-        _write_notebook(notebooks / NOTEBOOK)
+        _write_notebook(notebooks / NOTEBOOK, self.cells)
         settings = self.root / "lab-settings"
         for rel, values in SETTINGS.items():
             (settings / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +114,7 @@ class Lab:
             f"--ServerApp.root_dir={notebooks}",
             f"--LabApp.workspaces_dir={self.root / 'workspaces'}",
             f"--LabApp.user_settings_dir={settings}",
-            "--MLXExtension.model=smollm2-135m-instruct",
+            f"--MLXExtension.model={self.model}",
         ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
@@ -139,6 +140,18 @@ class Lab:
                     pass
                 time.sleep(0.25)
 
+    def __enter__(self) -> "Lab":
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -153,13 +166,8 @@ class Lab:
 @pytest.fixture
 def lab(tmp_path):
     _requirements()
-    server = Lab(tmp_path)
-    try:
-        server.start()
-        server.wait_ready()
+    with Lab(tmp_path) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -194,28 +202,52 @@ def _dismiss_dialogs(page) -> None:
         dialog.locator(".jp-Dialog-button.jp-mod-accept").first.click()
 
 
-def test_lab_runs_chat_magic_and_chat_panel(lab, page):
-    from playwright.sync_api import Error as PlaywrightError
+def open_notebook(lab: Lab, page):
+    """Open the lab's notebook; returns (notebook, its idle indicator) once the kernel is idle."""
     from playwright.sync_api import expect
+
+    page.goto(f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}", wait_until="domcontentloaded",
+              timeout=60 * MS)
+    notebook = page.locator(".jp-NotebookPanel").first
+    expect(notebook.locator(".jp-Cell")).to_have_count(len(lab.cells), timeout=60 * MS)
+    _dismiss_dialogs(page)
+    idle = notebook.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    expect(idle).to_have_count(1, timeout=WAIT_S * MS)  # the kernel has started and is idle
+    return notebook, idle
+
+
+def run_all_cells(page) -> None:
+    """Run > Run All Cells, as a user would."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+@contextmanager
+def watched(page, lab: Lab, failure_shot: str = "99-failure"):
+    """Yields the page's script errors as they come; on a failure, a screenshot and the server log."""
+    from playwright.sync_api import Error as PlaywrightError
 
     page.set_default_timeout(30 * MS)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     try:
-        page.goto(f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}", wait_until="domcontentloaded",
-                  timeout=60 * MS)
-        notebook = page.locator(".jp-NotebookPanel").first
-        expect(notebook.locator(".jp-Cell")).to_have_count(len(CELLS), timeout=60 * MS)
-        _dismiss_dialogs(page)
-        # the kernel has started and is idle
-        expect(notebook.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
-            1, timeout=WAIT_S * MS)
-        _shot(page, "01-loaded")
+        yield errors
+    except Exception:
+        try:
+            _shot(page, failure_shot)
+        except PlaywrightError as exc:
+            print(f"no failure screenshot: {exc}")
+        print(f"page errors: {errors}\n--- lab.log ---\n{lab.log_tail()}")
+        raise
 
-        # Run > Run All Cells, as a user would
-        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel",
-                     has_text=re.compile(r"^Run All Cells$")).click()
+
+def test_lab_runs_chat_magic_and_chat_panel(lab, page):
+    from playwright.sync_api import expect
+
+    with watched(page, lab):
+        notebook, _ = open_notebook(lab, page)
+        _shot(page, "01-loaded")
+        run_all_cells(page)
 
         cells = notebook.locator(".jp-Notebook .jp-Cell")
         # %%mlx chat: the streamed Markdown answer names Paris
@@ -249,10 +281,3 @@ def test_lab_runs_chat_magic_and_chat_panel(lab, page):
         print(f"\n%%mlx chat answer: {chat_text.strip()!r}\nChatPanel reply: {text!r}")
         stderr = cells.nth(1).locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
         assert stderr.count() == 0, stderr.all_inner_texts()
-    except Exception:
-        try:
-            _shot(page, "99-failure")
-        except PlaywrightError as exc:
-            print(f"no failure screenshot: {exc}")
-        print(f"page errors: {errors}\n--- lab.log ---\n{lab.log_tail()}")
-        raise

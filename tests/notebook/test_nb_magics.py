@@ -10,6 +10,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from mlx_nb.magics import ChatAnswer, Conversation, interpolate
+from mlx_nb.safe_markdown import safe_markdown
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_chat_streams_into_one_updated_display(ip, magics):
     assert first.update is False and first.data["text/markdown"] == ""
     display_id = first.transient["display_id"]
     assert updates and all(o.update is True and o.transient["display_id"] == display_id for o in updates)
-    assert updates[-1].data["text/markdown"] == str(answer)
+    assert updates[-1].data["text/markdown"] == safe_markdown(str(answer))
     assert ip.user_ns["_"] is answer  # the cell's value ...
     assert not answer or str(answer) not in cap.stdout  # ... is not printed a second time
 
@@ -88,7 +89,7 @@ def test_no_stream_env_gives_exactly_one_display(ip, magics, monkeypatch):
     monkeypatch.setenv("MLX_NB_NO_STREAM", "1")
     answer, cap = run(ip, "%%mlx chat -n 16\nhello")
     assert len(cap.outputs) == 1
-    assert cap.outputs[0].update is False and cap.outputs[0].data["text/markdown"] == str(answer)
+    assert cap.outputs[0].update is False and cap.outputs[0].data["text/markdown"] == safe_markdown(str(answer))
 
 
 def test_value_is_hidden_in_its_cell_and_shown_later(ip, magics):
@@ -97,7 +98,7 @@ def test_value_is_hidden_in_its_cell_and_shown_later(ip, magics):
     assert ip.user_ns["Out"][count] is answer
     later, cap = run(ip, f"Out[{count}]")
     assert later is answer
-    assert [o.data["text/markdown"] for o in cap.outputs] == [str(answer)]
+    assert [o.data["text/markdown"] for o in cap.outputs] == [safe_markdown(str(answer))]
     # in its own cell the display formatter gets nothing to show (what a kernel's displayhook sends)
     ip.execution_count = answer.cell
     try:
@@ -330,7 +331,7 @@ def live(tmp_path_factory):
 def test_keyboard_interrupt_aborts_the_request_on_the_server(ip, magics, live):
     """A notebook connected to the server: Ctrl-C closes the stream and the server drops the request."""
     since = live.last_seq()
-    run(ip, f"%mlx connect {live.url} --token {live.token}")
+    run(ip, f"%mlx connect {live.url} --token {live.key}")
     try:
         assert magics.client.backend == live.url
         interrupted_chat(ip, magics)

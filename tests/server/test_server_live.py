@@ -1,5 +1,6 @@
 """A real `jupyter mlx` process on loopback, driven the way users drive it: the openai and anthropic
-SDKs, many concurrent streams, a client that hangs up, and two kernels started by the server.
+SDKs holding the server's mlx API key, many concurrent streams, a client that hangs up; and what
+else the headless server serves (nothing of Jupyter's unless asked).
 
 One server for the module (it takes a few seconds to start); each test reads only the batch
 events recorded after it began (`since`), so tests do not see each other's requests.
@@ -32,7 +33,7 @@ def live(tmp_path_factory):
 
 
 def openai_client(live) -> openai.OpenAI:
-    return openai.OpenAI(base_url=live.url, api_key=live.token, max_retries=0)
+    return openai.OpenAI(base_url=live.url, api_key=live.key, max_retries=0)
 
 
 def test_openai_chat_and_stream(live):
@@ -142,7 +143,7 @@ def test_sixteen_concurrent_streams_share_batches(live):
 
 
 def test_anthropic_sdk(live):
-    client = anthropic.Anthropic(base_url=f"{live.base}/mlx", api_key=live.token, max_retries=0)
+    client = anthropic.Anthropic(base_url=f"{live.base}/mlx", api_key=live.key, max_retries=0)
     message = client.messages.create(model=MODEL, max_tokens=8, system="Be brief.", messages=HI)
     assert message.role == "assistant" and message.stop_reason in ("end_turn", "max_tokens")
     assert message.content[0].type == "text" and message.usage.output_tokens <= 8
@@ -158,7 +159,7 @@ def test_anthropic_sdk(live):
 def test_disconnect_mid_stream_frees_the_slot(live):
     since = live.last_seq()
     request = {"model": MODEL, "messages": HI, "max_tokens": 3000, "stream": True}
-    auth = {"Authorization": f"Bearer {live.token}"}
+    auth = {"Authorization": f"Bearer {live.key}"}
     with (
         httpx.Client(timeout=30, trust_env=False) as client,
         client.stream("POST", f"{live.url}/chat/completions", json=request, headers=auth) as response,
@@ -173,61 +174,28 @@ def test_disconnect_mid_stream_frees_the_slot(live):
     assert request_id not in [r["id"] for r in live.get("status")["requests"]]
 
 
-KERNEL_CHAT = """
-import os, httpx
-reply = httpx.post(os.environ["MLX_NB_URL"] + "/chat/completions", timeout=60, trust_env=False,
-                   headers={"Authorization": "Bearer " + os.environ["MLX_NB_TOKEN"]},
-                   json={"messages": [{"role": "user", "content": "hello from a kernel"}], "max_tokens": 1500})
-print(reply.json()["id"])
-"""
+def test_the_key_works_on_every_route_and_opens_nothing_else(live):
+    client = openai_client(live)
+    assert [m.id for m in client.models.list()] == [MODEL] and client.models.retrieve(MODEL).id == MODEL
+    for path in ("status", "cache", "health"):
+        assert live.http.get(f"{live.url}/{path}").status_code == 200
+    assert isinstance(live.get("events", stream=0), list)
+    with live.http.stream("GET", f"{live.url}/events", params={"since": live.last_seq() - 1}) as events:
+        assert events.status_code == 200 and events.headers["content-type"].startswith("text/event-stream")
+    # the headless server serves nothing else of Jupyter, whoever asks
+    for credential in (live.http, live.jupyter):
+        for path in ("api/kernels", "api/contents", "api/terminals", "api/sessions", "files/server.log", "lab"):
+            r = credential.get(f"{live.base}/{path}")
+            assert r.status_code in (403, 404) or "/login" in r.headers.get("location", ""), (path, r.status_code)
+    assert live.jupyter.get(f"{live.base}/api/status").status_code == 200  # the Jupyter token still is the token
+    assert live.http.get(f"{live.base}/api/status").status_code == 403  # and the key is not
 
 
-def test_two_kernels_share_the_engine(live):
-    from jupyter_client import BlockingKernelClient
-
-    clients = []
-    try:
-        for _ in range(2):
-            r = live.http.post(f"{live.base}/api/kernels", json={"name": "python3"})
-            r.raise_for_status()
-            connection = live.runtime / f"kernel-{r.json()['id']}.json"
-            kc = BlockingKernelClient(connection_file=str(connection))
-            kc.load_connection_file()
-            kc.start_channels()
-            clients.append(kc)
-        for kc in clients:
-            kc.wait_for_ready(timeout=60)
-            # (httpx imported now, so the chat cells below start as soon as they arrive)
-            assert run(kc, [kc.execute('import os, httpx; print(os.environ["MLX_NB_URL"])')]) == [live.url]
-        since = live.last_seq()
-        sent = [kc.execute(KERNEL_CHAT) for kc in clients]  # back to back: the two requests overlap
-        ids = [run(kc, [msg])[0].removeprefix("chatcmpl-") for kc, msg in zip(clients, sent)]
-        shared = [e for e in live.events(since) if e["kind"] == "step" and set(ids) <= set(e["requests"])]
-        assert shared, f"no batch step held both kernels' requests {ids}"
-    finally:
-        for kc in clients:
-            kc.stop_channels()
-        for kernel in live.http.get(f"{live.base}/api/kernels").json():
-            live.http.delete(f"{live.base}/api/kernels/{kernel['id']}")
-
-
-def run(kc, msg_ids: list[str], timeout: float = 60) -> list[str]:
-    """The stdout lines of executed cells (by message id), once each is idle; errors fail the test."""
-    out: list[str] = []
-    pending = set(msg_ids)
-    while pending:
-        msg = kc.get_iopub_msg(timeout=timeout)
-        parent = msg["parent_header"].get("msg_id")
-        if parent not in pending:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            out += content["text"].splitlines()
-        elif kind == "error":
-            raise AssertionError("\n".join(content["traceback"]))
-        elif kind == "status" and content["execution_state"] == "idle":
-            pending.discard(parent)
-    return out
+def test_headless_serves_more_only_when_asked(tmp_path):
+    with serving(tmp_path, MODEL, "--services=kernels") as server:
+        assert server.jupyter.get(f"{server.base}/api/kernels").status_code == 200
+        assert server.http.get(f"{server.base}/api/kernels").status_code == 403  # still not with the key
+        assert server.jupyter.get(f"{server.base}/api/contents").status_code == 404
 
 
 def test_client_over_http_chats_streams_aborts_and_watches_the_batch(live):
@@ -237,7 +205,7 @@ def test_client_over_http_chats_streams_aborts_and_watches_the_batch(live):
     from mlx_nb import Client
     from mlx_nb.widgets import BatchVisualizer
 
-    client = Client(live.url, api_key=live.token)
+    client = Client(live.url, api_key=live.key)
     assert client.models() == [MODEL] and not client.embedded
     viz = BatchVisualizer(client)  # subscribes to the events route from here on
     try:

@@ -354,7 +354,7 @@ def prior_env(monkeypatch):
 
 async def test_kernel_environment(prior_env, jp_serverapp, jp_http_port, mlx_ext):
     assert os.environ["MLX_NB_URL"] == f"http://127.0.0.1:{jp_http_port}/a%40b/mlx/v1"
-    assert os.environ["MLX_NB_TOKEN"] == jp_serverapp.identity_provider.token
+    assert os.environ["MLX_NB_TOKEN"] == mlx_ext.keys.kernel_key  # the mlx API key, not the Jupyter token
     await mlx_ext.stop_extension()  # as at server shutdown: the previous values come back
     assert os.environ["MLX_NB_URL"] == "http://elsewhere/v1" and "MLX_NB_TOKEN" not in os.environ
 

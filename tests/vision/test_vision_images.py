@@ -123,38 +123,3 @@ def test_a_text_model_still_refuses_images():
     with Engine("tiny-llama", wait=True) as engine:
         with pytest.raises(RequestError, match="text-only"):
             engine.submit(messages=chat(part(data_url(PIC))))
-
-
-@pytest.fixture
-def image_server(tmp_path):
-    """A real HTTP server on loopback serving tmp_path (no network is needed)."""
-    import functools
-    import http.server
-    import threading
-
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def test_remote_images_are_fetched_only_when_allowed(tmp_path, image_server, monkeypatch):
-    from mlx_nb.engine.types import TooLargeError
-
-    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):  # loopback, never through a proxy
-        monkeypatch.delenv(var, raising=False)
-
-    PIC.save(tmp_path / "pic.png")
-    url = f"{image_server}/pic.png"
-    with pytest.raises(RequestError, match="remote image URLs are not fetched"):
-        load_image(url, "x", ImageOptions(roots=[tmp_path]))
-    allowed = ImageOptions(roots=[tmp_path], allow_remote=True)
-    assert np.array_equal(np.asarray(load_image(url, "x", allowed)), np.asarray(PIC))
-    with pytest.raises(RequestError, match=r"could not fetch the image \(HTTP Error 404"):
-        load_image(f"{image_server}/missing.png", "x", allowed)
-    small = ImageOptions(roots=[tmp_path], allow_remote=True, max_bytes=100)
-    with pytest.raises(TooLargeError, match="larger than 100 bytes"):
-        load_image(url, "x", small)
