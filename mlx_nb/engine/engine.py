@@ -240,7 +240,7 @@ class Engine:
         messages: Optional[list] = None,
         prompt: Optional[str] = None,
         *,
-        max_tokens: int = 256,
+        max_tokens: Optional[int] = 256,
         temperature: float = 0.0,
         top_p: float = 1.0,
         top_k: int = 0,
@@ -257,13 +257,17 @@ class Engine:
         chat_template_kwargs: Optional[dict] = None,
         request_id: Optional[str] = None,
     ) -> RequestHandle:
-        """Validate, template and queue a request; returns at once with its handle."""
+        """Validate, template and queue a request; returns at once with its handle.
+
+        `max_tokens` None means the rest of the context; a budget larger than what fits after the
+        prompt is clamped to it (`handle.max_tokens` says what was granted)."""
         self._check_open()
         self.wait_ready()
         if (messages is None) == (prompt is None):
             raise RequestError("give exactly one of messages (chat) or prompt (completion)", "messages")
+        context = self.loaded.context_length
         sampling = SamplingParams(
-            max_tokens=max_tokens,
+            max_tokens=context if max_tokens is None else max_tokens,
             temperature=float(temperature),
             top_p=float(top_p),
             top_k=top_k,
@@ -276,8 +280,7 @@ class Engine:
             seed=seed,
             logprobs=int(logprobs or 0),
         )
-        context = self.loaded.context_length
-        validate(sampling, context, self.loaded.vocab_size)
+        validate(sampling, self.loaded.vocab_size)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
                           chat_template_kwargs=dict(chat_template_kwargs or {}))
@@ -297,7 +300,7 @@ class Engine:
                 "messages" if messages is not None else "prompt",
             )
         sampling.max_tokens = min(sampling.max_tokens, context - len(tokens))
-        handle = RequestHandle(rid, self.abort)
+        handle = RequestHandle(rid, self.abort, prompt_tokens=len(tokens), max_tokens=sampling.max_tokens)
         live = LiveRequest(
             request=request,
             handle=handle,
@@ -313,6 +316,22 @@ class Engine:
                 return handle
         live.finish("abort", error="the engine was closed before this request started")
         return handle
+
+    def count_tokens(self, messages: Optional[list] = None, prompt: Optional[str] = None,
+                     tools: Optional[list] = None) -> int:
+        """How many prompt tokens `submit` would queue for this input (chat template applied)."""
+        self._check_open()
+        self.wait_ready()
+        request = Request("count", messages=messages, prompt=prompt, tools=tools)
+        if self.loaded.kind == "vision":
+            from mlx_nb.engine.vision import prepare_vision_request
+
+            return len(prepare_vision_request(self.loaded, request, self.image_options)[0])
+        tok = self.loaded.tokenizer
+        if messages is None:
+            return len(encode_prompt(tok, prompt, chat=False))
+        text = render_chat(tok, normalize_messages(messages), tools, {}, True)
+        return len(encode_prompt(tok, text, chat=True))
 
     def _prompt_tokens(self, request: Request) -> tuple[list[int], list[int]]:
         """Prompt token ids, and the segment ends worth a prefix-cache snapshot."""

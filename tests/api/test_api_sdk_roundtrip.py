@@ -76,7 +76,7 @@ class FakeRoute:
         return httpx.Response(200, content=b"".join(events), headers={"content-type": "text/event-stream"})
 
     def chat(self, body):
-        req = parse_chat_request(body, model_names=["m"], context_length=4096)
+        req = parse_chat_request(body, model_names=["m"])
         self.kwargs = chat_engine_kwargs(req)
         if not req.stream:
             return httpx.Response(200, json=chat_response(req, self.result(), model="m", created=1))
@@ -147,7 +147,7 @@ def test_openai_errors_surface_as_sdk_exceptions():
         client.chat.completions.create(model="gpt-4o", messages=USER)
     assert info.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="m", messages=USER, n=2)
+        client.chat.completions.create(model="m", messages=USER, n=17)
     assert info.value.param == "n"
     with pytest.raises(openai.APIError, match="engine fell over"):
         list(oai(FakeRoute(error="engine fell over")).chat.completions.create(model="m", messages=USER, stream=True))
