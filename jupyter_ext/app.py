@@ -91,6 +91,14 @@ class MLXExtension(ExtensionApp):
     accept_any_model = Bool(
         True, help="Accept any model name (answering with the served one) while one model is served.",
     ).tag(config=True)
+    backend_url = Unicode(
+        "", help="An OpenAI-compatible server (http://host:port/v1) to front instead of loading a local model: "
+        "vLLM, mlx_lm.server, llama.cpp's server, exo or another `jupyter mlx`. Every notebook shares it.",
+    ).tag(config=True)
+    backend_api_key = Unicode("", help="Sent to backend_url as `Authorization: Bearer <key>`.").tag(config=True)
+    backend_model = Unicode(
+        "", help="The model name to ask backend_url for (empty: the first it lists, or its default)."
+    ).tag(config=True)
     stream_keepalive_s = Float(
         15.0, help="While a stream waits for its first token (a long prompt being read), an SSE comment this often.",
     ).tag(config=True)
@@ -108,6 +116,12 @@ class MLXExtension(ExtensionApp):
         self.event_queues: set = set()  # live /events streams, woken when the extension stops
         self.kernel_env = KernelEnv()
         url = self.kernel_env.publish(self.serverapp)  # the port may still move: refreshed at start
+        if self.backend_url:
+            from jupyter_ext.remote import RemoteEngine
+
+            self.remote = RemoteEngine(self.backend_url, self.backend_api_key, self.backend_model)
+            self.log.info("mlx: fronting %s at %s", self.backend_url, url)
+            return
         self.log.info("mlx: serving %s at %s", self.model, url)
         if self.load_on_start:
             self.start_engine()
@@ -159,9 +173,12 @@ class MLXExtension(ExtensionApp):
         for queue in list(getattr(self, "event_queues", ())):
             queue.put_nowait(None)
         engine, self.engine = getattr(self, "engine", None), None
+        remote, self.remote = getattr(self, "remote", None), None
         try:
             if engine is not None:
                 await asyncio.to_thread(engine.close)  # joins the engine thread: not on the loop
+            if remote is not None:
+                await remote.close()
         except Exception:
             self.log.exception("mlx: closing the engine failed")
         if hasattr(self, "kernel_env"):

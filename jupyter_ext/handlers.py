@@ -25,6 +25,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from jupyter_ext.base import MLXHandler
+from jupyter_ext.proxy import ProxyMixin
 from mlx_nb.api import (
     count_tokens_kwargs,
     model_card,
@@ -37,7 +38,7 @@ from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, 
 SSE = "text/event-stream; charset=utf-8"
 
 
-class ModelsHandler(MLXHandler):
+class ModelsHandler(ProxyMixin, MLXHandler):
     """The served model and its aliases; listed while it loads too (the list is config, not weights)."""
 
     @web.authenticated
@@ -48,17 +49,15 @@ class ModelsHandler(MLXHandler):
         self.write_json(models_list(self.ext.model_names()))
 
 
-class ModelHandler(MLXHandler):
+class ModelHandler(ProxyMixin, MLXHandler):
     @web.authenticated
     @authorized
     async def get(self, name: str):
-        if self.ext.remote is not None:
-            return await self.proxy_get(f"models/{name}")
-        real = self.ext.server_defaults().resolve_model(name, [self.ext.model])
-        self.write_json(model_card(real))
+        served = await self.ext.remote.model() if self.ext.remote is not None else self.ext.model
+        self.write_json(model_card(self.ext.server_defaults().resolve_model(name, [served])))
 
 
-class GenerateHandler(MLXHandler):
+class GenerateHandler(ProxyMixin, MLXHandler):
     """Runs `route` for the local engine or the remote backend; aborts its requests if the client leaves."""
 
     route: Route
@@ -76,9 +75,9 @@ class GenerateHandler(MLXHandler):
                 handle.abort()
         super().on_connection_close()
 
-    def serving(self) -> Serving:
+    async def serving(self) -> Serving:
         if self.ext.remote is not None:
-            return self.ext.remote.serving(self.ext.server_defaults())
+            return await self.ext.remote.serving(self.ext.server_defaults())
         engine = self.ready_engine()
         tok = engine.loaded.tokenizer
         start, end = getattr(tok, "tool_call_start", None), getattr(tok, "tool_call_end", None)
@@ -115,7 +114,7 @@ class GenerateHandler(MLXHandler):
     async def post(self):
         if self.ext.remote is not None and self.route.passthrough:
             return await self.proxy_post(self.route.passthrough)
-        serving = self.serving()
+        serving = await self.serving()
         req = self.route.parse(self.request.body, serving)
         handles = await self.submit(self.route.engine_requests(req, serving))
         clamped = self.note_budget(self.route.requested_budget(req), handles[0])
@@ -197,7 +196,7 @@ class ResponsesHandler(GenerateHandler):
     route = RESPONSES
 
 
-class CountTokensHandler(MLXHandler):
+class CountTokensHandler(ProxyMixin, MLXHandler):
     """Anthropic's `messages/count_tokens`: the prompt's tokens exactly as `messages` would queue them."""
 
     anthropic = True
@@ -205,7 +204,7 @@ class CountTokensHandler(MLXHandler):
     @web.authenticated
     @authorized
     async def post(self):
-        if self.ext.remote is not None:
+        if self.ext.remote is not None:  # only a backend that counts (another `jupyter mlx`) can
             return await self.proxy_post("messages/count_tokens")
         engine = self.ready_engine()
         req = parse_count_tokens_request(self.request.body, model_names=[engine.model_name],

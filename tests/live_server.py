@@ -50,8 +50,9 @@ class Live:
 
 
 @contextmanager
-def serving(root: Path, model: str):
-    """A `jupyter mlx` server serving `model`, with its root, runtime and config under `root`."""
+def serving(root: Path, model: str, *options: str):
+    """A `jupyter mlx` server serving `model`, with its root, runtime and config under `root`;
+    `options` are more command-line flags (`--MLXExtension.backend_url=...`)."""
     server = Live(root)
     (root / "notebooks").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_NB_URL") and k != "MLX_NB_TOKEN"}
@@ -68,6 +69,7 @@ def serving(root: Path, model: str):
         "--ServerApp.allow_unauthenticated_access=False",
         f"--ServerApp.root_dir={root / 'notebooks'}",
         f"--MLXExtension.model={model}",
+        *options,
     ]
     with open(root / "server.log", "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
