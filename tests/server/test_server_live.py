@@ -17,6 +17,7 @@ from live_server import serving
 from server_helpers import MODEL
 
 HI = [{"role": "user", "content": "hi"}]
+GREEDY = {"temperature": 0}  # this anthropic SDK has no temperature argument; the API still takes the field
 
 
 @pytest.fixture(autouse=True)
@@ -144,10 +145,11 @@ def test_sixteen_concurrent_streams_share_batches(live):
 
 def test_anthropic_sdk(live):
     client = anthropic.Anthropic(base_url=f"{live.base}/mlx", api_key=live.token, max_retries=0)
-    message = client.messages.create(model=MODEL, max_tokens=8, temperature=0, system="Be brief.", messages=HI)
+    message = client.messages.create(model=MODEL, max_tokens=8, system="Be brief.", messages=HI, extra_body=GREEDY)
     assert message.role == "assistant" and message.stop_reason in ("end_turn", "max_tokens")
     assert message.content[0].type == "text" and message.usage.output_tokens <= 8
-    with client.messages.stream(model=MODEL, max_tokens=8, temperature=0, system="Be brief.", messages=HI) as stream:
+    with client.messages.stream(model=MODEL, max_tokens=8, system="Be brief.", messages=HI,
+                                extra_body=GREEDY) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == message.content[0].text == final.content[0].text
