@@ -154,7 +154,8 @@ class GenerateHandler(ProxyMixin, MLXHandler):
         keepalive = self.ext.stream_keepalive_s
         running = len(handles)
         try:
-            await self.send(stream.start())
+            self.write(stream.start())
+            await self.flush()  # the headers (and any opening event) leave now, before the prompt is read
             while running:
                 try:
                     index, delta = await asyncio.wait_for(deltas.get(), keepalive)

@@ -9,6 +9,8 @@ Jupyter auth, magics and widgets. How each route gets there:
   uses: `RemoteEngine.submit` turns the backend's chat stream into engine Deltas (its structured
   tool calls become the canonical `<tool_call>` markup the translators parse), so Anthropic and
   Responses clients work with any backend;
+  the prompt's size is known only from the backend's final usage, so `message_start` reports 0
+  input tokens there and `message_delta` the real count;
 - status, cache, events, count_tokens: whatever the backend exposes (its `/v1/status`, `/metrics`,
   `/slots`, events and cache routes), and a plain statement of what it does not.
 
