@@ -136,16 +136,16 @@ class ChatStream:
             last["choices"][0]["json_error"] = problem
         out = [last]
         if self.include_usage:
-            out.append({**self._envelope(), "choices": [], "usage": usage_dict(delta.usage)})
+            out.append({**self.envelope(), "choices": [], "usage": usage_dict(delta.usage)})
         return out
 
     def _take_logprobs(self) -> Optional[dict]:
         taken, self.logprobs = self.logprobs, []
         return chat_logprobs(taken, self.top_logprobs)
 
-    def _envelope(self) -> dict:
+    def envelope(self) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
 
     def _chunk(self, delta: dict, finish: Optional[str] = None, logprobs: Optional[dict] = None) -> dict:
         choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return {**self._envelope(), "choices": [choice]}
+        return {**self.envelope(), "choices": [choice]}

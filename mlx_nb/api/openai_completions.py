@@ -173,12 +173,12 @@ class CompletionStream:
                 "logprobs": logprobs,
                 "finish_reason": finish_reason(delta.finish_reason),
             }
-            out.append({**self._envelope(), "choices": [choice]})
+            out.append({**self.envelope(), "choices": [choice]})
         if delta.finish_reason is not None:
             self.done = True
             if self.include_usage:
-                out.append({**self._envelope(), "choices": [], "usage": usage_dict(delta.usage)})
+                out.append({**self.envelope(), "choices": [], "usage": usage_dict(delta.usage)})
         return out
 
-    def _envelope(self) -> dict:
+    def envelope(self) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}

@@ -15,7 +15,7 @@ from mlx_nb.api.anthropic_messages import messages_engine_kwargs, messages_respo
 from mlx_nb.api.anthropic_stream import MessagesStream
 from mlx_nb.api.openai_chat import chat_engine_requests, chat_response, parse_chat_request
 from mlx_nb.api.openai_chat_stream import ChatStream
-from mlx_nb.api.openai_common import usage_dict
+from mlx_nb.api.openai_common import usage_of_choices
 from mlx_nb.api.openai_completions import (
     CompletionStream,
     completion_engine_requests,
@@ -102,9 +102,7 @@ class ChoicesStream(Stream):
     def close(self) -> bytes:
         out = b""
         if self.include_usage and all(u is not None for u in self.usages):
-            first = self.usages[0]
-            total = Usage(first.prompt_tokens, sum(u.completion_tokens for u in self.usages), first.cached_tokens)
-            out = sse_event({**self.envelope, "choices": [], "usage": usage_dict(total)})
+            out = sse_event({**self.envelope, "choices": [], "usage": usage_of_choices(self.usages)})
         return out + sse_done()
 
 
@@ -127,8 +125,7 @@ class ChatRoute(Route):
         rid = admitted[0].request_id
         choices = [ChatStream.for_request(req, model=serving.model, created=created, request_id=rid, index=i,
                                           include_usage=False, **serving.tools) for i in range(len(admitted))]
-        envelope = {**choices[0]._envelope()}
-        return ChoicesStream(choices, req.include_usage, envelope)
+        return ChoicesStream(choices, req.include_usage, choices[0].envelope())
 
 
 class CompletionsRoute(Route):
@@ -147,7 +144,7 @@ class CompletionsRoute(Route):
         rid = admitted[0].request_id
         choices = [CompletionStream.for_request(req, model=serving.model, created=created, request_id=rid, index=i,
                                                 include_usage=False) for i in range(len(admitted))]
-        return ChoicesStream(choices, req.include_usage, choices[0]._envelope())
+        return ChoicesStream(choices, req.include_usage, choices[0].envelope())
 
 
 class NamedEventStream(Stream):
