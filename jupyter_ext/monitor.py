@@ -150,12 +150,12 @@ class HealthHandler(MLXHandler):
     @allow_unauthenticated
     async def get(self):
         engine = self.ext.engine
-        if self.ext.remote is not None:
+        if self.ext.remote is not None:  # asked each time: the backend may have gone since
             try:
-                await self.ext.remote.model()
-                status, code = "ok", 200
+                reachable = (await self.ext.remote.get("models")).status_code < 500
             except Exception:
-                status, code = "error", 503
+                reachable = False
+            status, code = ("ok", 200) if reachable else ("error", 503)
         elif engine is None:
             status, code = "idle", 200
         elif engine.ready:

@@ -84,9 +84,9 @@ def test_openai_sdk_through_the_front_with_jupyter_auth(front):
 
 def test_anthropic_and_responses_clients_are_translated_for_a_chat_only_backend(front):
     claude = anthropic.Anthropic(base_url=front.base + "/mlx", api_key=front.token, max_retries=0)
-    message = claude.messages.create(model="claude-sonnet-4-5", max_tokens=5, messages=HI)
+    message = claude.messages.create(model="claude-team-default", max_tokens=5, messages=HI)
     assert message.stop_reason in ("end_turn", "max_tokens") and message.usage.output_tokens <= 5
-    with claude.messages.stream(model="claude-sonnet-4-5", max_tokens=5, messages=HI) as stream:
+    with claude.messages.stream(model="claude-team-default", max_tokens=5, messages=HI) as stream:
         final = stream.get_final_message()
     assert final.stop_reason in ("end_turn", "max_tokens")
     responses = openai.OpenAI(base_url=front.url, api_key=front.token, max_retries=0).responses

@@ -142,7 +142,7 @@ async def test_anthropic_count_tokens_and_a_whole_answer(server, say):
     _, base, token = server
     client = anthropic.AsyncAnthropic(base_url=base, api_key=token, max_retries=0)
     tools = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
-    ask = dict(model="claude-sonnet-4-5", system="Be exact.", messages=HI, tools=tools)
+    ask = dict(model="claude-team-default", system="Be exact.", messages=HI, tools=tools)
     counted = await client.messages.count_tokens(**ask)
     message = await client.messages.create(**ask, max_tokens=16000)  # beyond the context: clamped, not refused
     assert message.content[0].text == ANSWER and message.stop_reason == "end_turn"

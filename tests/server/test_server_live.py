@@ -154,8 +154,8 @@ def test_anthropic_sdk(live):
         final = stream.get_final_message()
     assert text == message.content[0].text == final.content[0].text
     assert final.stop_reason == message.stop_reason
-    assert client.messages.create(model="claude-sonnet-4-5", max_tokens=2, messages=HI).model == MODEL
-    counted = client.messages.count_tokens(model="claude-sonnet-4-5", system="Be brief.", messages=HI)
+    assert client.messages.create(model="claude-team-default", max_tokens=2, messages=HI).model == MODEL
+    counted = client.messages.count_tokens(model="claude-team-default", system="Be brief.", messages=HI)
     assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
