@@ -4,6 +4,8 @@ Pure functions and pydantic models: no HTTP framework, no MLX. A route does
 `parse_*_request(body, ...)` -> `*_engine_kwargs(req)` -> `engine.submit(**kwargs)`, then either
 `*_response(req, handle.result(), ...)` or a `*Stream(...).feed(delta)` per Delta, framed with
 `sse_event`. Every rejection is an `APIError` carrying its status and both error shapes.
+`mlx_nb.api.routes` packages those steps per route (chat, completions, messages, responses), so
+one HTTP handler runs them all; `ServerDefaults` is what a server fills in for omitted fields.
 """
 
 from mlx_nb.api.anthropic_messages import (
