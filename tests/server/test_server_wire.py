@@ -46,7 +46,6 @@ async def test_chat_stream_opens_at_admission_and_keeps_alive_during_a_long_pref
     assert role_at < first_content
     keepalives = [i for i, it in enumerate(items[:first_content]) if it == ("comment", "keep-alive", None)]
     assert keepalives and role_at < keepalives[0], items[:first_content + 1]
-    assert pieces[0].startswith(b"data: ") and b"keep-alive" not in pieces[0]  # the role chunk left alone
     request_id = items[role_at][2]["id"].removeprefix("chatcmpl-")
     assert prefill_steps(engine, since, request_id) > 10  # it really was a long prefill
 
