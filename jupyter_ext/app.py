@@ -15,7 +15,7 @@ from pathlib import Path
 from jupyter_core.application import base_aliases
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
-from traitlets import Bool, Float, Int, List, Unicode, default
+from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 
 from jupyter_ext import handlers, monitor
 from jupyter_ext.headless import ModelServerApp
@@ -29,6 +29,8 @@ ROUTES = [
     (r"mlx/v1/chat/completions", handlers.ChatHandler),
     (r"mlx/v1/completions", handlers.CompletionsHandler),
     (r"mlx/v1/messages", handlers.MessagesHandler),
+    (r"mlx/v1/messages/count_tokens", handlers.CountTokensHandler),
+    (r"mlx/v1/responses", handlers.ResponsesHandler),
     (r"mlx/v1/status", monitor.StatusHandler),
     (r"mlx/v1/cache", monitor.CacheHandler),
     (r"mlx/v1/events", monitor.EventsHandler),
@@ -95,6 +97,35 @@ class MLXExtension(ExtensionApp):
     load_on_start = Bool(True, help="Start loading the model with the server (else: on the first request).").tag(
         config=True
     )
+    default_max_tokens = Int(
+        None, allow_none=True,
+        help="Budget of a request that names none (None: the rest of the context, as the OpenAI and Anthropic APIs do).",
+    ).tag(config=True)
+    max_tokens_cap = Int(
+        None, allow_none=True,
+        help="Most tokens one reply may generate; larger budgets are clamped and the response says so (None: no cap).",
+    ).tag(config=True)
+    default_temperature = Float(
+        1.0, allow_none=True,
+        help="Temperature of a request that sets none: 1.0 as the OpenAI and Anthropic APIs document (None: greedy).",
+    ).tag(config=True)
+    model_aliases = Dict(
+        {}, help="Other names clients may use for the served model, e.g. {'gpt-4o': 'smollm2-135m-instruct'}."
+    ).tag(config=True)
+    accept_any_model = Bool(
+        True, help="Accept any model name (answering with the served one) while one model is served.",
+    ).tag(config=True)
+    backend_url = Unicode(
+        "", help="An OpenAI-compatible server (http://host:port/v1) to front instead of loading a local model: "
+        "vLLM, mlx_lm.server, llama.cpp's server, exo or another `jupyter mlx`. Every notebook shares it.",
+    ).tag(config=True)
+    backend_api_key = Unicode("", help="Sent to backend_url as `Authorization: Bearer <key>`.").tag(config=True)
+    backend_model = Unicode(
+        "", help="The model name to ask backend_url for (empty: the first it lists, or its default)."
+    ).tag(config=True)
+    stream_keepalive_s = Float(
+        15.0, help="While a stream waits for its first token (a long prompt being read), an SSE comment this often.",
+    ).tag(config=True)
 
     @default("open_browser")
     def _no_browser(self):
@@ -105,10 +136,17 @@ class MLXExtension(ExtensionApp):
 
     def initialize_settings(self):
         self.engine = None
+        self.remote = None
         self.event_queues: set = set()  # live /events streams, woken when the extension stops
         self.keys = Keys(list(self.api_keys), self._generated_key())
         self.kernel_env, self.kernel_port = KernelEnv(), KernelPort()
         self.kernel_env.publish(direct_url(self.serverapp), self.keys.kernel_key)  # the port may move: see start
+        if self.backend_url:
+            from jupyter_ext.remote import RemoteEngine
+
+            self.remote = RemoteEngine(self.backend_url, self.backend_api_key, self.backend_model)
+            self.log.info("mlx: fronting %s", self.backend_url)
+            return
         if self.load_on_start:
             self.start_engine()
 
@@ -131,7 +169,7 @@ class MLXExtension(ExtensionApp):
                       for pattern, handler in ROUTES]
             url = self.kernel_port.start(serverapp, routes)
         self.kernel_env.publish(url, self.keys.kernel_key)
-        self.log.info("mlx: serving %s; kernels reach it at %s", self.model, url)
+        self.log.info("mlx: serving %s; kernels reach it at %s", self.backend_url or self.model, url)
 
     def start_engine(self):
         """Create the Engine (it loads in the background) unless it exists; returns it."""
@@ -140,6 +178,22 @@ class MLXExtension(ExtensionApp):
 
             self.engine = Engine(self.model, wait=False, **self.engine_options())
         return self.engine
+
+    def server_defaults(self):
+        """What the routes fill in for fields a request leaves out, and the model names they accept."""
+        from mlx_nb.api import ServerDefaults
+
+        return ServerDefaults(
+            max_tokens=self.default_max_tokens,
+            max_tokens_cap=self.max_tokens_cap,
+            temperature=self.default_temperature,
+            aliases={k: self.model if v in ("", None) else v for k, v in self.model_aliases.items()},
+            any_model=self.accept_any_model,
+        )
+
+    def model_names(self) -> list[str]:
+        """The served model, then the aliases that name it (what `models` lists)."""
+        return [self.model] + [a for a, t in self.server_defaults().aliases.items() if t == self.model]
 
     def engine_options(self) -> dict:
         """The Engine's keyword arguments, from this extension's config."""
@@ -164,9 +218,12 @@ class MLXExtension(ExtensionApp):
         for queue in list(getattr(self, "event_queues", ())):
             queue.put_nowait(None)
         engine, self.engine = getattr(self, "engine", None), None
+        remote, self.remote = getattr(self, "remote", None), None
         try:
             if engine is not None:
                 await asyncio.to_thread(engine.close)  # joins the engine thread: not on the loop
+            if remote is not None:
+                await remote.close()
         except Exception:
             self.log.exception("mlx: closing the engine failed")
         if hasattr(self, "kernel_env"):

@@ -1,175 +1,219 @@
-"""The model routes: models, chat/completions, completions and (Anthropic) messages.
+"""The model routes: models, and the generating POST routes (chat/completions, completions,
+messages, responses) run by one handler skeleton over `mlx_nb.api.routes`; count_tokens.
 
-Each verb is parse -> `engine.submit` -> either one JSON body or an SSE stream, with every wire
-detail left to `mlx_nb.api`. Streams write one event per Delta and `await self.flush()` after it,
-so tokens leave as they are made; a client that goes away aborts its request, which frees its
-batch slot at the engine's next step (a `filter` event with reason `abort`).
+A generating request is parse -> submit (one engine request per choice) -> one JSON body, or an
+SSE stream that opens at admission: headers and the opening event (role chunk, message_start
+with the prompt's token count, response.created) leave as soon as the engine has taken the
+request, then a keep-alive comment every `stream_keepalive_s` while no delta comes (a long
+prompt being read), one event per delta, `await self.flush()` after each. A client that goes away
+aborts its requests, which frees their batch slots at the engine's next step.
+
+A budget the engine had to clamp (or the server's cap) is reported, not refused: header
+`X-MLX-Max-Tokens-Clamped: <requested>` and, in a whole body, `usage.max_tokens_clamped`
+(`{"requested", "granted"}`); `X-MLX-Max-Tokens` always says the budget granted.
+With `backend_url` set, these routes answer through the remote backend (`jupyter_ext.remote`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 from tornado.iostream import StreamClosedError
 
 from jupyter_ext.base import MLXHandler
+from jupyter_ext.proxy import ProxyMixin
 from mlx_nb.api import (
-    ChatStream,
-    CompletionStream,
-    MessagesStream,
-    chat_engine_kwargs,
-    chat_response,
-    completion_engine_kwargs,
-    completion_response,
-    messages_engine_kwargs,
-    messages_response,
+    count_tokens_kwargs,
     model_card,
-    model_not_found,
     models_list,
-    parse_chat_request,
-    parse_completion_request,
-    parse_messages_request,
-    sse_done,
-    sse_event,
+    parse_count_tokens_request,
+    sse_comment,
 )
+from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, Route, Serving
 from mlx_nb.engine.images import prefetch_remote_images
-from mlx_nb.engine.types import Delta
+
+SSE = "text/event-stream; charset=utf-8"
 
 
-class ModelsHandler(MLXHandler):
-    """The configured model; listed while it loads too (the list is config, not weights)."""
+class ModelsHandler(ProxyMixin, MLXHandler):
+    """The served model and its aliases; listed while it loads too (the list is config, not weights)."""
 
     @web.authenticated
     @authorized
-    def get(self):
-        self.write_json(models_list([self.ext.model]))
+    async def get(self):
+        if self.ext.remote is not None:
+            return await self.proxy_get("models")
+        self.write_json(models_list(self.ext.model_names()))
 
 
-class ModelHandler(MLXHandler):
+class ModelHandler(ProxyMixin, MLXHandler):
     @web.authenticated
     @authorized
-    def get(self, name: str):
-        if name != self.ext.model:
-            raise model_not_found(name, [self.ext.model])
-        self.write_json(model_card(name))
+    async def get(self, name: str):
+        served = await self.ext.remote.model() if self.ext.remote is not None else self.ext.model
+        self.write_json(model_card(self.ext.server_defaults().resolve_model(name, [served])))
 
 
-class GenerateHandler(MLXHandler):
-    """Submits one request and answers it whole or as a stream; aborts it if the client leaves."""
+class GenerateHandler(ProxyMixin, MLXHandler):
+    """Runs `route` for the local engine or the remote backend; aborts its requests if the client leaves."""
 
-    handle = None
+    route: Route
+    handles: list = []
     gone = False
+
+    @property
+    def anthropic(self) -> bool:
+        return self.route.anthropic
 
     def on_connection_close(self):
         self.gone = True
-        if self.handle is not None and not self.handle.done:
-            self.handle.abort()
+        for handle in self.handles:
+            if not handle.done:
+                handle.abort()
         super().on_connection_close()
 
-    async def submit(self, kwargs: dict):
-        """`engine.submit` off the event loop: it templates and tokenizes the prompt. Remote images
-        are fetched first, awaited here on their own threads (not the executor every route shares)."""
+    async def serving(self) -> Serving:
+        if self.ext.remote is not None:
+            return await self.ext.remote.serving(self.ext.server_defaults())
         engine = self.ready_engine()
-        if engine.loaded.kind == "vision" and kwargs.get("messages") is not None:
-            kwargs["messages"] = await prefetch_remote_images(kwargs["messages"], engine.image_options)
-        handle = await asyncio.to_thread(engine.submit, **kwargs)
-        self.handle = handle
-        if self.gone:  # left while the prompt was being tokenized
-            handle.abort()
-        return handle
-
-    def tool_support(self) -> dict:
-        """The tokenizer's tool-call parser and markers, when the model has them."""
-        tok = self.ready_engine().loaded.tokenizer
+        tok = engine.loaded.tokenizer
         start, end = getattr(tok, "tool_call_start", None), getattr(tok, "tool_call_end", None)
-        return {
-            "tool_parser": getattr(tok, "tool_parser", None),
-            "tool_markers": (start, end) if start and end else None,
-        }
+        return Serving(engine.model_name, self.ext.server_defaults(), getattr(tok, "tool_parser", None),
+                       (start, end) if start and end else None)
 
-    async def stream(self, handle, frames: Callable[[Delta], bytes], tail: bytes = b"") -> None:
-        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+    async def submit(self, requests: list[dict]) -> list:
+        """Queue every choice back to back (off the event loop: submit templates and tokenizes)."""
+        if self.ext.remote is not None:
+            handles = [await self.ext.remote.submit(**kw) for kw in requests]
+        else:
+            engine = self.ready_engine()
+            if engine.loaded.kind == "vision":  # remote images are fetched on their own threads, awaited here
+                for kw in requests:
+                    if kw.get("messages") is not None:
+                        kw["messages"] = await prefetch_remote_images(kw["messages"], engine.image_options)
+
+            def submit_all():
+                out = []
+                try:
+                    for kw in requests:
+                        out.append(engine.submit(**kw))
+                except BaseException:
+                    for handle in out:
+                        handle.abort()
+                    raise
+                return out
+
+            handles = await asyncio.to_thread(submit_all)
+        self.handles = handles
+        if self.gone:  # left while the prompt was being tokenized
+            for handle in handles:
+                handle.abort()
+        return handles
+
+    @web.authenticated
+    @authorized
+    async def post(self):
+        if self.ext.remote is not None and self.route.passthrough:
+            return await self.proxy_post(self.route.passthrough)
+        serving = await self.serving()
+        req = self.route.parse(self.request.body, serving)
+        handles = await self.submit(self.route.engine_requests(req, serving))
+        clamped = self.note_budget(self.route.requested_budget(req), handles[0])
+        created = int(time.time())
+        if not getattr(req, "stream", False):
+            results = [await h.aresult() for h in handles]
+            if self.gone:
+                return
+            body = self.route.response(req, results, serving, created)
+            if clamped and isinstance(body.get("usage"), dict):
+                body["usage"]["max_tokens_clamped"] = clamped
+            return self.write_json(body)
+        admitted = [Admitted(h.id, h.prompt_tokens, h.max_tokens) for h in handles]
+        await self.stream(self.route.stream(req, admitted, serving, created), handles)
+
+    def note_budget(self, requested: Optional[int], handle) -> Optional[dict]:
+        granted = handle.max_tokens
+        if granted is None:
+            return None
+        self.set_header("X-MLX-Max-Tokens", str(granted))
+        if requested is None or granted >= requested:
+            return None
+        self.set_header("X-MLX-Max-Tokens-Clamped", str(requested))
+        return {"requested": requested, "granted": granted}
+
+    async def stream(self, stream, handles: list) -> None:
+        self.set_header("Content-Type", SSE)
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")  # nginx and friends: do not buffer the stream
-        try:
+        deltas: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, handle) -> None:
             async for delta in handle:
-                data = frames(delta)
-                if data and not self.gone:
-                    self.write(data)
-                    await self.flush()
-            if tail and not self.gone:
-                self.write(tail)
-                await self.flush()
+                deltas.put_nowait((index, delta))
+
+        pumps = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+        keepalive = self.ext.stream_keepalive_s
+        running = len(handles)
+        try:
+            self.write(stream.start())
+            await self.flush()  # the headers (and any opening event) leave now, before the prompt is read
+            while running:
+                try:
+                    index, delta = await asyncio.wait_for(deltas.get(), keepalive)
+                except asyncio.TimeoutError:  # the prompt is still being read: show the line is alive
+                    await self.send(sse_comment("keep-alive"))
+                    continue
+                running -= delta.finish_reason is not None
+                await self.send(stream.feed(index, delta))
+            await self.send(stream.close())
         except StreamClosedError:
             return  # the client left; tornado finishes the (closed) response
         finally:
-            if not handle.done:  # any early exit frees the batch slot
-                handle.abort()
-        self.finish(set_content_type="text/event-stream; charset=utf-8")
+            for task in pumps:
+                task.cancel()
+            for handle in handles:  # any early exit frees the batch slots
+                if not handle.done:
+                    handle.abort()
+        self.finish(set_content_type=SSE)
 
-    def engine_info(self) -> tuple[list[str], Optional[int]]:
-        engine = self.ready_engine()
-        return [engine.model_name], engine.loaded.context_length
+    async def send(self, data: bytes) -> None:
+        if data and not self.gone:
+            self.write(data)
+            await self.flush()
 
 
 class ChatHandler(GenerateHandler):
-    @web.authenticated
-    @authorized
-    async def post(self):
-        names, context = self.engine_info()
-        req = parse_chat_request(self.request.body, model_names=names, context_length=context)
-        handle = await self.submit(chat_engine_kwargs(req))
-        model, created, tools = names[0], int(time.time()), self.tool_support()
-        if not req.stream:
-            result = await handle.aresult()
-            if not self.gone:
-                self.write_json(chat_response(req, result, model=model, created=created, **tools))
-            return
-        chat = ChatStream.for_request(req, model=model, created=created, request_id=handle.id, **tools)
-        await self.stream(handle, lambda d: b"".join(sse_event(c) for c in chat.feed(d)), sse_done())
+    route = CHAT
 
 
 class CompletionsHandler(GenerateHandler):
-    @web.authenticated
-    @authorized
-    async def post(self):
-        names, context = self.engine_info()
-        req = parse_completion_request(self.request.body, model_names=names, context_length=context)
-        handle = await self.submit(completion_engine_kwargs(req))
-        model, created = names[0], int(time.time())
-        if not req.stream:
-            result = await handle.aresult()
-            if not self.gone:
-                self.write_json(completion_response(result, model=model, created=created, top_logprobs=req.logprobs))
-            return
-        text = CompletionStream.for_request(req, model=model, created=created, request_id=handle.id)
-        await self.stream(handle, lambda d: b"".join(sse_event(c) for c in text.feed(d)), sse_done())
+    route = COMPLETIONS
 
 
 class MessagesHandler(GenerateHandler):
-    """Anthropic Messages: errors in Anthropic's shape, named SSE events, no `[DONE]`."""
+    route = MESSAGES
+
+
+class ResponsesHandler(GenerateHandler):
+    route = RESPONSES
+
+
+class CountTokensHandler(ProxyMixin, MLXHandler):
+    """Anthropic's `messages/count_tokens`: the prompt's tokens exactly as `messages` would queue them."""
 
     anthropic = True
 
     @web.authenticated
     @authorized
     async def post(self):
-        names, context = self.engine_info()
-        req = parse_messages_request(self.request.body, model_names=names, context_length=context)
-        handle = await self.submit(messages_engine_kwargs(req))
-        model, tools = names[0], self.tool_support()
-        if not req.stream:
-            result = await handle.aresult()
-            if not self.gone:
-                self.write_json(messages_response(req, result, model=model, matched_stop=result.matched_stop, **tools))
-            return
-        msgs = MessagesStream.for_request(req, model=model, request_id=handle.id, **tools)
-
-        def frames(d: Delta) -> bytes:
-            return b"".join(sse_event(data, event=name) for name, data in msgs.feed(d, matched_stop=d.matched_stop))
-
-        await self.stream(handle, frames)
+        if self.ext.remote is not None:  # only a backend that counts (another `jupyter mlx`) can
+            return await self.proxy_post("messages/count_tokens")
+        engine = self.ready_engine()
+        req = parse_count_tokens_request(self.request.body, model_names=[engine.model_name],
+                                         defaults=self.ext.server_defaults())
+        count = await asyncio.to_thread(engine.count_tokens, **count_tokens_kwargs(req))
+        self.write_json({"input_tokens": count})

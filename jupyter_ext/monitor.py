@@ -1,6 +1,7 @@
 """The observing routes: status, cache layout, batch events (SSE or JSON), health, and JSON 404s.
 
-Engine calls that wait for the engine thread (`status`, `cache_layout`: up to one batch step) run
+With `backend_url` set they show what the backend exposes (`jupyter_ext.proxy`) and say plainly
+what it does not. Engine calls that wait for the engine thread (`status`, `cache_layout`: up to one batch step) run
 in a worker thread so the server's event loop never blocks on MLX.
 """
 
@@ -13,6 +14,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from jupyter_ext.base import RETRY_AFTER_S, MLXHandler
+from jupyter_ext.proxy import ProxyMixin, remote_status
 from mlx_nb.api import invalid_request, not_found, sse_comment, sse_event
 
 KEEPALIVE_S = 15.0  # a comment this often keeps proxies from closing an idle stream
@@ -26,24 +28,28 @@ class StatusHandler(MLXHandler):
     @web.authenticated
     @authorized
     async def get(self):
+        if self.ext.remote is not None:
+            return self.write_json(await remote_status(self.ext.remote))
         self.write_json(await asyncio.to_thread(self.engine().status))
 
 
-class CacheHandler(MLXHandler):
+class CacheHandler(ProxyMixin, MLXHandler):
     """The KV-cache layout: of a fresh cache, or of a live request's with `?request=ID`."""
 
     @web.authenticated
     @authorized
     async def get(self):
-        engine = self.ready_engine()
         request_id = self.get_argument("request", None) or None
+        if self.ext.remote is not None:
+            return await self.proxy_get("cache", {"request": request_id} if request_id else None, "cache layout")
+        engine = self.ready_engine()
         try:
             self.write_json(await asyncio.to_thread(engine.cache_layout, request_id))
         except KeyError as exc:
             raise not_found(str(exc.args[0]) if exc.args else f"no live request {request_id!r}") from None
 
 
-class EventsHandler(MLXHandler):
+class EventsHandler(ProxyMixin, MLXHandler):
     """BatchEvents after `?since=N` (or `Last-Event-ID`): a live SSE stream, or with `?stream=0`
     the recorded ones as a JSON list. Each SSE event carries `id: <seq>` so a reconnecting
     EventSource resumes where it stopped."""
@@ -54,6 +60,9 @@ class EventsHandler(MLXHandler):
     @authorized
     async def get(self):
         since = self._since()
+        if self.ext.remote is not None:
+            params = {"since": since, "stream": self.get_argument("stream", "1")}
+            return await self.proxy_get("events", params, "batch events")
         engine = self.engine()
         if self.get_argument("stream", "1").lower() in ("0", "false", "no"):
             self.write_json(engine.events(since))
@@ -139,9 +148,15 @@ class HealthHandler(MLXHandler):
     """
 
     @allow_unauthenticated
-    def get(self):
+    async def get(self):
         engine = self.ext.engine
-        if engine is None:
+        if self.ext.remote is not None:  # asked each time: the backend may have gone since
+            try:
+                reachable = (await self.ext.remote.get("models")).status_code < 500
+            except Exception:
+                reachable = False
+            status, code = ("ok", 200) if reachable else ("error", 503)
+        elif engine is None:
             status, code = "idle", 200
         elif engine.ready:
             status, code = "ok", 200

@@ -4,10 +4,18 @@ The engine speaks one (OpenAI-style) message format, so Anthropic's is translate
 `system` becomes a leading system message; assistant `tool_use` blocks become `tool_calls`;
 user `tool_result` blocks become `role: "tool"` messages (placed before the rest of that user
 turn, as Anthropic requires them first; `is_error` results are prefixed "Error: "); images become
-`image_url` parts with a `data:` URL; tools become OpenAI function tools. `thinking` blocks are
-dropped. `max_tokens` is required, as in Anthropic's API. `tool_choice` "none" withholds the tools;
-"any" / "tool" cannot be enforced without constrained decoding and act as "auto".
-The stream translator lives in `anthropic_stream.py` (re-exported here).
+`image_url` parts with a `data:` URL (images inside a `tool_result` join the user turn that follows
+the tool messages, since chat templates render tool messages as text); `document` (text or
+content sources) and `search_result` blocks become text parts headed by their title; tools become
+OpenAI function tools. `thinking` blocks are dropped. `max_tokens` is required, as in Anthropic's
+API (above what fits, the engine clamps it). `tool_choice` "none" withholds the tools; "any" /
+"tool" cannot be enforced without constrained decoding and act as "auto".
+
+Anthropic-defined tools (`web_search_20250305`, `bash_…`, `code_execution_…`, …: a `type` and no
+`input_schema`) are refused with a 400 naming the tool: this server runs no tool itself, and
+accepting one silently would let the model answer as if it had searched or run code.
+`count_tokens` bodies are the same request without `max_tokens`.
+The stream translator lives in `anthropic_stream.py`, which imports this module (not the reverse).
 """
 
 from __future__ import annotations
@@ -16,35 +24,61 @@ from typing import Any, Iterable, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from mlx_nb.api.anthropic_stream import MessagesStream, anthropic_usage, stop_reason
 from mlx_nb.api.errors import server_error
 from mlx_nb.api.ids import prefixed_id
 from mlx_nb.api.request_common import (
+    ServerDefaults,
     WireModel,
-    check_max_tokens,
-    check_model,
-    load_body,
+    parse_request,
+    generation_kwargs,
     stop_list,
-    validate,
 )
 from mlx_nb.api.tool_calls import ToolParser, anthropic_tool_use, split_tool_calls
-from mlx_nb.engine.types import Result
+from mlx_nb.engine.types import Result, Usage
 
 __all__ = [
+    "CountTokensRequest",
     "MessagesRequest",
-    "MessagesStream",
     "anthropic_message",
+    "anthropic_usage",
+    "count_tokens_kwargs",
     "messages_engine_kwargs",
     "messages_response",
+    "parse_count_tokens_request",
     "parse_messages_request",
+    "stop_reason",
 ]
 
 
+def stop_reason(engine_reason: str, *, tool_use: bool = False, matched_stop: Optional[str] = None) -> str:
+    """length -> max_tokens; a tool call -> tool_use; a known stop string -> stop_sequence; else
+    end_turn (an abort included: the text so far is a complete, if short, turn)."""
+    if engine_reason == "length":
+        return "max_tokens"
+    if tool_use:
+        return "tool_use"
+    if matched_stop:
+        return "stop_sequence"
+    return "end_turn"
+
+
+def anthropic_usage(usage: Optional[Usage]) -> dict:
+    """Anthropic counts cache reads apart from `input_tokens` (total = input + cache reads)."""
+    u = usage or Usage()
+    return {
+        "input_tokens": max(u.prompt_tokens - u.cached_tokens, 0),
+        "output_tokens": u.completion_tokens,
+        "cache_read_input_tokens": u.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
+
+
 class Source(WireModel):
-    type: Literal["base64", "url"]
+    type: Literal["base64", "url", "text", "content", "file"]
     media_type: Optional[str] = None
     data: Optional[str] = None
     url: Optional[str] = None
+    content: Union[str, list["Block"], None] = None
 
     def as_url(self) -> str:
         if self.type == "url":
@@ -59,9 +93,13 @@ class Source(WireModel):
 class Block(WireModel):
     """One flat content-block model (not a tagged union), so errors name plain paths."""
 
-    type: Literal["text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"]
+    type: Literal[
+        "text", "image", "document", "search_result", "tool_use", "tool_result", "thinking", "redacted_thinking"
+    ]
     text: Optional[str] = None
-    source: Optional[Source] = None
+    source: Union[Source, str, None] = None  # a search_result's source is its URL
+    title: Optional[str] = None
+    context: Optional[str] = None
     id: Optional[str] = None
     name: Optional[str] = None
     input: Optional[dict] = None
@@ -71,13 +109,36 @@ class Block(WireModel):
 
     @model_validator(mode="after")
     def _required(self) -> "Block":
-        need = {"text": ("text",), "image": ("source",), "tool_use": ("id", "name"), "tool_result": ("tool_use_id",)}
+        need = {"text": ("text",), "image": ("source",), "tool_use": ("id", "name"), "tool_result": ("tool_use_id",),
+                "document": ("source",), "search_result": ("content",)}
         for key in need.get(self.type, ()):
             if getattr(self, key) is None:
                 raise ValueError(f"a {self.type} block needs '{key}'")
         if self.type == "image":
+            if not isinstance(self.source, Source):
+                raise ValueError("an image block's source is {'type': 'base64' | 'url', ...}")
             self.source.as_url()  # raises with a clear message when incomplete
+        if self.type == "document":
+            if not isinstance(self.source, Source) or self.source.type not in ("text", "content"):
+                kind = self.source.type if isinstance(self.source, Source) else type(self.source).__name__
+                raise ValueError(
+                    f"only text documents are read here (source type 'text' or 'content'), not {kind!r}: "
+                    "extract the text (e.g. of a PDF) and send it as a text document"
+                )
         return self
+
+    def as_text(self) -> str:
+        """The text a model reads for a text, document or search_result block ("" for others)."""
+        if self.type == "text":
+            return self.text or ""
+        if self.type == "document":
+            src = self.source
+            body = src.data if src.type == "text" else _text_of(src.content)
+            return "\n\n".join(x for x in (self.title, self.context, body or "") if x)
+        if self.type == "search_result":
+            head = " ".join(x for x in (self.title, f"({self.source})" if isinstance(self.source, str) else "") if x)
+            return "\n\n".join(x for x in (head, _text_of(self.content)) if x)
+        return ""
 
 
 class AnthropicMessage(WireModel):
@@ -86,9 +147,22 @@ class AnthropicMessage(WireModel):
 
 
 class AnthropicTool(WireModel):
+    type: Optional[str] = None  # None or "custom": a client tool; anything else is Anthropic-defined
     name: str
     description: Optional[str] = None
-    input_schema: dict
+    input_schema: Optional[dict] = None
+
+    @model_validator(mode="after")
+    def _client_tool(self) -> "AnthropicTool":
+        if self.type not in (None, "custom"):
+            raise ValueError(
+                f"{self.type!r} is an Anthropic-defined tool ({self.name}) that runs on Anthropic's side; this "
+                "server runs no tools itself: remove it, or define a client tool with name, description and "
+                "input_schema and run it yourself"
+            )
+        if self.input_schema is None:
+            raise ValueError(f"tool {self.name!r} needs an input_schema")
+        return self
 
 
 class ToolChoice(WireModel):
@@ -96,16 +170,12 @@ class ToolChoice(WireModel):
     name: Optional[str] = None
 
 
-class MessagesRequest(WireModel):
+class CountTokensRequest(WireModel):
+    """`/v1/messages/count_tokens`: a Messages request without a budget."""
+
     model: Optional[str] = None
-    max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage]
     system: Union[str, list[Block], None] = None
-    stop_sequences: Optional[list[str]] = None
-    temperature: Optional[float] = Field(None, ge=0.0, le=1.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=0)
-    stream: bool = False
     tools: Optional[list[AnthropicTool]] = None
     tool_choice: Optional[ToolChoice] = None
 
@@ -137,32 +207,57 @@ class MessagesRequest(WireModel):
         ]
 
 
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: Optional[list[str]] = None
+    temperature: Optional[float] = Field(None, ge=0.0, le=1.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=0)
+    stream: bool = False
+
+
 def parse_messages_request(
     body: Union[dict, bytes, str],
     *,
     model_names: Optional[Iterable[str]] = None,
-    context_length: Optional[int] = None,
+    defaults: ServerDefaults = ServerDefaults(),
 ) -> MessagesRequest:
     """Validate a request body; errors are `APIError`s (render with `.to_anthropic_dict()`)."""
-    req = validate(MessagesRequest, load_body(body))
-    check_model(req.model, model_names)
-    check_max_tokens(req.max_tokens, context_length)
-    return req
+    return parse_request(MessagesRequest, body, model_names, defaults)
 
 
-def messages_engine_kwargs(req: MessagesRequest) -> dict[str, Any]:
+def parse_count_tokens_request(
+    body: Union[dict, bytes, str],
+    *,
+    model_names: Optional[Iterable[str]] = None,
+    defaults: ServerDefaults = ServerDefaults(),
+) -> CountTokensRequest:
+    return parse_request(CountTokensRequest, body, model_names, defaults)
+
+
+def count_tokens_kwargs(req: CountTokensRequest) -> dict[str, Any]:
+    """What `engine.count_tokens(...)` needs: the prompt exactly as a Messages request renders it."""
+    return {"messages": _engine_messages(req), "tools": req.openai_tools()}
+
+
+def messages_engine_kwargs(req: MessagesRequest, defaults: ServerDefaults = ServerDefaults()) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"messages": _engine_messages(req), "stop": stop_list(req.stop_sequences)}
+    for name in ("top_p", "top_k", "temperature"):
+        if (value := getattr(req, name)) is not None:
+            kwargs[name] = value
+    kwargs.update(generation_kwargs(defaults, req.max_tokens, req.temperature))
+    kwargs["logprobs"] = 0
+    kwargs["tools"] = req.openai_tools()
+    return kwargs
+
+
+def _engine_messages(req: CountTokensRequest) -> list[dict]:
     messages: list[dict] = []
     if req.system:
         messages.append({"role": "system", "content": _text_of(req.system)})
     for m in req.messages:
         messages.extend(_user_turn(m.content) if m.role == "user" else [_assistant_turn(m.content)])
-    kwargs: dict[str, Any] = {"messages": messages, "max_tokens": req.max_tokens, "stop": stop_list(req.stop_sequences)}
-    for name in ("temperature", "top_p", "top_k"):
-        if (value := getattr(req, name)) is not None:
-            kwargs[name] = value
-    kwargs["logprobs"] = 0
-    kwargs["tools"] = req.openai_tools()
-    return kwargs
+    return messages
 
 
 def anthropic_message(
@@ -212,7 +307,11 @@ def messages_response(
 def _text_of(content: Union[str, list[Block], None]) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    return "\n\n".join(b.text for b in content if b.type == "text" and b.text)
+    return "\n\n".join(t for b in content if (t := b.as_text()))
+
+
+def _image_part(b: Block) -> dict:
+    return {"type": "image_url", "image_url": {"url": b.source.as_url()}}
 
 
 def _user_turn(content: Union[str, list[Block]]) -> list[dict]:
@@ -225,10 +324,12 @@ def _user_turn(content: Union[str, list[Block]]) -> list[dict]:
             tool_msgs.append(
                 {"role": "tool", "tool_call_id": b.tool_use_id, "content": f"Error: {text}" if b.is_error else text}
             )
-        elif b.type == "text":
-            parts.append({"type": "text", "text": b.text})
+            if isinstance(b.content, list):
+                parts.extend(_image_part(i) for i in b.content if i.type == "image")
+        elif b.type in ("text", "document", "search_result"):
+            parts.append({"type": "text", "text": b.as_text()})
         elif b.type == "image":
-            parts.append({"type": "image_url", "image_url": {"url": b.source.as_url()}})
+            parts.append(_image_part(b))
     if not parts:
         return tool_msgs
     single_text = len(parts) == 1 and parts[0]["type"] == "text"

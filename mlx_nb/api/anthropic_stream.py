@@ -1,51 +1,25 @@
-"""Engine Deltas -> Anthropic Messages stream events, plus the stop-reason and usage vocabulary
-the non-stream builder (`anthropic_messages.py`) shares.
+"""Engine Deltas -> Anthropic Messages stream events.
 
 Event order: message_start; per content block content_block_start, content_block_delta(s),
 content_block_stop (a `ping` after the first block starts, as Anthropic's own server does);
-message_delta (stop_reason, stop_sequence, usage); message_stop. The engine reports usage with
-the last delta, so message_start's token counts are usually zeros and message_delta carries the
-real ones (input tokens included; the anthropic SDK takes them from there). Each event is
-`(event_name, data)`; write it with `sse_event(data, event=event_name)`. No `[DONE]` sentinel.
-An engine error mid-stream yields an `error` event, which the anthropic SDK raises.
+message_delta (stop_reason, stop_sequence, usage); message_stop. `start(input_tokens)` gives
+message_start as soon as the request is admitted, with the prompt's real token count (the cache
+split is known only later: message_delta carries the final counts, which the anthropic SDK
+takes). Each event is `(event_name, data)`; write it with `sse_event(data, event=event_name)`.
+No `[DONE]` sentinel. An engine error mid-stream yields an `error` event, which the SDK raises.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
+from mlx_nb.api.anthropic_messages import MessagesRequest, anthropic_usage, stop_reason
 from mlx_nb.api.ids import prefixed_id
 from mlx_nb.api.tool_calls import ToolCallSplitter, ToolParser, anthropic_tool_use
 from mlx_nb.engine.types import Delta, Usage
 
-if TYPE_CHECKING:
-    from mlx_nb.api.anthropic_messages import MessagesRequest
-
 Event = tuple[str, dict]
-
-
-def stop_reason(engine_reason: str, *, tool_use: bool = False, matched_stop: Optional[str] = None) -> str:
-    """length -> max_tokens; a tool call -> tool_use; a known stop string -> stop_sequence; else
-    end_turn (an abort included: the text so far is a complete, if short, turn)."""
-    if engine_reason == "length":
-        return "max_tokens"
-    if tool_use:
-        return "tool_use"
-    if matched_stop:
-        return "stop_sequence"
-    return "end_turn"
-
-
-def anthropic_usage(usage: Optional[Usage]) -> dict:
-    """Anthropic counts cache reads apart from `input_tokens` (total = input + cache reads)."""
-    u = usage or Usage()
-    return {
-        "input_tokens": max(u.prompt_tokens - u.cached_tokens, 0),
-        "output_tokens": u.completion_tokens,
-        "cache_read_input_tokens": u.cached_tokens,
-        "cache_creation_input_tokens": 0,
-    }
 
 
 def error_event(message: str, kind: str = "api_error") -> Event:
@@ -78,7 +52,7 @@ class MessagesStream:
     @classmethod
     def for_request(
         cls,
-        req: "MessagesRequest",
+        req: MessagesRequest,
         *,
         model: str,
         request_id: str,
@@ -87,6 +61,13 @@ class MessagesStream:
     ) -> "MessagesStream":
         """A stream configured from a parsed `MessagesRequest` (its tools decide tool parsing)."""
         return cls(model, request_id, tool_parser, tool_markers, tools=req.openai_tools(), parse_tools=req.wants_tools)
+
+    def start(self, input_tokens: Optional[int] = None) -> list[Event]:
+        """message_start, once (from the first delta's usage when not called at admission)."""
+        if self.started:
+            return []
+        self.started = True
+        return [self._message_start(Usage(prompt_tokens=input_tokens or 0))]
 
     def feed(self, delta: Delta, matched_stop: Optional[str] = None) -> list[Event]:
         if self.done:

@@ -1,10 +1,14 @@
 """OpenAI Chat Completions: request JSON -> engine kwargs, engine Result -> response JSON.
 
-The streaming translator lives in `openai_chat_stream.py` (re-exported here). Decisions:
+The streaming translator lives in `openai_chat_stream.py`, which imports this module (never the
+reverse). Decisions:
 - Messages reach the engine as plain dicts; the engine normalizes roles (developer -> system,
   merging). Assistant `tool_calls[].function.arguments` JSON strings become dicts at validation
   (chat templates iterate them), so malformed arguments are a 400 from `parse_chat_request`.
-- `max_tokens` / `max_completion_tokens` left out means the engine's default budget.
+- `max_tokens` / `max_completion_tokens` left out means the server's default budget (by default
+  the rest of the context, as OpenAI does); more than fits is clamped by the engine, not refused.
+- `n` > 1 asks for n choices: n engine requests (seeds `seed + i` when seeded), decoded as n rows
+  of the shared batch, returned as choices 0..n-1 with the completion tokens summed in `usage`.
 - `tool_choice: "none"` withholds the tools from the prompt and skips tool-call parsing;
   "required" and named functions cannot be enforced without constrained decoding and act as "auto".
 - `response_format` json_object / json_schema: the engine has no constrained decoding, so the
@@ -13,8 +17,8 @@ The streaming translator lives in `openai_chat_stream.py` (re-exported here). De
   be fixable); the choice then carries a non-standard `json_error` string saying why it failed to
   parse. The schema itself is not validated against.
 - `logit_bias`, `presence_penalty` and `frequency_penalty` are honoured (mlx_lm's logits
-  processors); `user` / `metadata` etc. are accepted and ignored; `n` != 1 and the pre-`tools`
-  `functions` field are rejected, since silently ignoring them changes results.
+  processors); `user` / `metadata` etc. are accepted and ignored; the pre-`tools` `functions` field is
+  rejected, since silently ignoring it changes results.
 """
 
 from __future__ import annotations
@@ -25,27 +29,30 @@ from typing import Any, Iterable, Literal, Optional, Union
 from pydantic import Field, field_validator, model_validator
 
 from mlx_nb.api.errors import server_error
-from mlx_nb.api.ids import prefixed_id
-from mlx_nb.api.openai_chat_stream import ChatStream, json_error
-from mlx_nb.api.openai_common import chat_logprobs, finish_reason, usage_dict
+from mlx_nb.api.openai_common import (
+    chat_logprobs,
+    choice_requests,
+    choices_body,
+    finish_reason,
+    json_error,
+)
 from mlx_nb.api.request_common import (
     SamplingFields,
+    ServerDefaults,
     WireModel,
-    check_max_tokens,
-    check_model,
+    parse_request,
     engine_logprobs,
-    load_body,
+    generation_kwargs,
     sampling_kwargs,
-    validate,
 )
 from mlx_nb.api.tool_calls import ToolParser, openai_tool_call, split_tool_calls
 from mlx_nb.engine.types import Result
 
 __all__ = [
     "ChatRequest",
-    "ChatStream",
     "chat_completion",
     "chat_engine_kwargs",
+    "chat_engine_requests",
     "chat_response",
     "parse_chat_request",
     "parse_tool_calls",
@@ -194,28 +201,28 @@ def parse_chat_request(
     body: Union[dict, bytes, str],
     *,
     model_names: Optional[Iterable[str]] = None,
-    context_length: Optional[int] = None,
+    defaults: ServerDefaults = ServerDefaults(),
 ) -> ChatRequest:
     """Validate a request body; every problem is an `APIError` (400, or 404 for an unknown model)."""
-    req = validate(ChatRequest, load_body(body))
-    check_model(req.model, model_names)
-    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    check_max_tokens(req.budget, context_length, param)
-    return req
+    return parse_request(ChatRequest, body, model_names, defaults)
 
 
-def chat_engine_kwargs(req: ChatRequest) -> dict[str, Any]:
-    """Keyword arguments for `engine.submit(...)`."""
+def chat_engine_kwargs(req: ChatRequest, defaults: ServerDefaults = ServerDefaults()) -> dict[str, Any]:
+    """Keyword arguments for `engine.submit(...)` (one choice)."""
     messages = [_message_dict(m) for m in req.messages]
     if req.json_mode:
         lead = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), len(messages))
-        messages.insert(lead, {"role": "system", "content": _json_instruction(req.response_format)})
+        messages.insert(lead, {"role": "system", "content": json_instruction(req.response_format)})
     kwargs: dict[str, Any] = {"messages": messages, **sampling_kwargs(req)}
-    if req.budget is not None:
-        kwargs["max_tokens"] = req.budget
+    kwargs.update(generation_kwargs(defaults, req.budget, req.temperature))
     kwargs["logprobs"] = engine_logprobs(bool(req.logprobs), req.top_logprobs)
     kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools] if req.wants_tools else None
     return kwargs
+
+
+def chat_engine_requests(req: ChatRequest, defaults: ServerDefaults = ServerDefaults()) -> list[dict[str, Any]]:
+    """One `engine.submit` kwargs per choice (`n` of them)."""
+    return choice_requests(chat_engine_kwargs(req, defaults), req.n)
 
 
 def parse_tool_calls(
@@ -240,6 +247,18 @@ def chat_completion(
     json_mode: bool = False,
 ) -> dict:
     """The `chat.completion` body. `content` overrides `result.text` (e.g. with tool markup removed)."""
+    choice = _choice(result, 0, tool_calls, content, top_logprobs, json_mode)
+    return choices_body("chat.completion", [result], [choice], model=model, created=created)
+
+
+def _choice(
+    result: Result,
+    index: int,
+    tool_calls: Optional[list[dict]],
+    content: Optional[str],
+    top_logprobs: Optional[int],
+    json_mode: bool,
+) -> dict:
     if result.finish_reason == "error":
         raise server_error(result.error or "generation failed")
     text = result.text if content is None else content
@@ -249,47 +268,37 @@ def chat_completion(
         if not text.strip():
             message["content"] = None
     choice: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "message": message,
         "finish_reason": finish_reason(result.finish_reason, tool_calls=bool(tool_calls)),
         "logprobs": chat_logprobs(result.logprobs, top_logprobs),
     }
     if json_mode and (problem := json_error(text)):
         choice["json_error"] = problem
-    return {
-        "id": prefixed_id("chatcmpl-", result.request_id),
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage_dict(result.usage),
-    }
+    return choice
 
 
 def chat_response(
     req: ChatRequest,
-    result: Result,
+    result: Union[Result, list[Result]],
     *,
     model: str,
     created: int,
     tool_parser: Optional[ToolParser] = None,
     tool_markers: Optional[tuple[str, str]] = None,
 ) -> dict:
-    """The whole non-stream path for a parsed request: tool calls, logprob trimming, JSON check."""
-    content, calls = result.text, []
-    if req.wants_tools:
-        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-        content, calls = parse_tool_calls(result.text, tools, tool_parser, tool_markers)
+    """The whole non-stream path for a parsed request (one Result per choice): tool calls, logprob
+    trimming, JSON check."""
+    results = result if isinstance(result, list) else [result]
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     top = (req.top_logprobs or 0) if req.logprobs else None
-    return chat_completion(
-        result,
-        model=model,
-        created=created,
-        tool_calls=calls or None,
-        content=content,
-        top_logprobs=top,
-        json_mode=req.json_mode,
-    )
+    choices = []
+    for i, r in enumerate(results):
+        content, calls = r.text, []
+        if req.wants_tools:
+            content, calls = parse_tool_calls(r.text, tools, tool_parser, tool_markers)
+        choices.append(_choice(r, i, calls or None, content, top, req.json_mode))
+    return choices_body("chat.completion", results, choices, model=model, created=created)
 
 
 def _message_dict(m: Message) -> dict:
@@ -299,7 +308,7 @@ def _message_dict(m: Message) -> dict:
     return out
 
 
-def _json_instruction(fmt: ResponseFormat) -> str:
+def json_instruction(fmt: ResponseFormat) -> str:
     text = "Respond with one valid JSON object and nothing else: no prose, no markdown code fences."
     schema = (fmt.json_schema or {}).get("schema") if fmt.type == "json_schema" else None
     if schema:

@@ -1,6 +1,7 @@
 """Engine Deltas -> OpenAI `chat.completion.chunk` dicts, one translator object per stream.
 
-Sequence: a first chunk with `role: "assistant"`; content chunks; tool calls as whole
+Sequence: a first chunk with `role: "assistant"` (sent by `start()` as soon as the request is
+admitted, before the prompt is read, or else with the first delta); content chunks; tool calls as whole
 `delta.tool_calls` entries (index, id, type, function{name, arguments}) once their end marker
 arrives — markup is never sent as content; a last chunk with `finish_reason` (and an empty
 delta); with `include_usage`, one more chunk with `choices: []` and `usage`.
@@ -9,30 +10,19 @@ An engine error mid-stream yields `{"error": {...}}`, which the openai SDK raise
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from mlx_nb.api.ids import prefixed_id
+from mlx_nb.api.openai_chat import ChatRequest
 from mlx_nb.api.openai_common import (
     chat_logprobs,
     error_chunk,
     finish_reason,
+    json_error,
     usage_dict,
 )
 from mlx_nb.api.tool_calls import ToolCallSplitter, ToolParser, openai_tool_call
 from mlx_nb.engine.types import Delta, TokenLogprob
-
-if TYPE_CHECKING:
-    from mlx_nb.api.openai_chat import ChatRequest
-
-
-def json_error(text: str) -> Optional[str]:
-    """None if `text` parses as JSON, else a one-line reason (for response_format json modes)."""
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as exc:
-        return f"content is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-    return None
 
 
 class ChatStream:
@@ -51,7 +41,9 @@ class ChatStream:
         parse_tools: bool = True,
         top_logprobs: Optional[int] = None,
         json_mode: bool = False,
+        index: int = 0,
     ):
+        self.index = index  # the choice this stream writes (`n` > 1: one stream per choice)
         self.model = model
         self.created = created
         self.id = prefixed_id("chatcmpl-", request_id)
@@ -68,13 +60,15 @@ class ChatStream:
     @classmethod
     def for_request(
         cls,
-        req: "ChatRequest",
+        req: ChatRequest,
         *,
         model: str,
         created: int,
         request_id: str,
         tool_parser: Optional[ToolParser] = None,
         tool_markers: Optional[tuple[str, str]] = None,
+        index: int = 0,
+        include_usage: Optional[bool] = None,
     ) -> "ChatStream":
         """A stream configured from a parsed request (usage, tools, logprobs, JSON mode)."""
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
@@ -82,22 +76,27 @@ class ChatStream:
             model,
             created,
             request_id,
-            req.include_usage,
+            req.include_usage if include_usage is None else include_usage,
             tool_parser,
             tool_markers,
             tools=tools,
             parse_tools=req.wants_tools,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
             json_mode=req.json_mode,
+            index=index,
         )
+
+    def start(self) -> list[dict]:
+        """The role chunk, once: what a client sees the moment its request is admitted."""
+        if self.started:
+            return []
+        self.started = True
+        return [self._chunk({"role": "assistant", "content": ""})]
 
     def feed(self, delta: Delta) -> list[dict]:
         if self.done:
             return []
-        out: list[dict] = []
-        if not self.started:
-            self.started = True
-            out.append(self._chunk({"role": "assistant", "content": ""}))
+        out: list[dict] = self.start()
         if delta.error or delta.finish_reason == "error":
             self.done = True
             out.append(error_chunk(delta.error or "generation failed"))
@@ -137,16 +136,16 @@ class ChatStream:
             last["choices"][0]["json_error"] = problem
         out = [last]
         if self.include_usage:
-            out.append({**self._envelope(), "choices": [], "usage": usage_dict(delta.usage)})
+            out.append({**self.envelope(), "choices": [], "usage": usage_dict(delta.usage)})
         return out
 
     def _take_logprobs(self) -> Optional[dict]:
         taken, self.logprobs = self.logprobs, []
         return chat_logprobs(taken, self.top_logprobs)
 
-    def _envelope(self) -> dict:
+    def envelope(self) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
 
     def _chunk(self, delta: dict, finish: Optional[str] = None, logprobs: Optional[dict] = None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return {**self._envelope(), "choices": [choice]}
+        choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {**self.envelope(), "choices": [choice]}

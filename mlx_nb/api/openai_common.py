@@ -7,8 +7,10 @@ values. "error" never reaches these builders as a finish reason: the route raise
 
 from __future__ import annotations
 
-from typing import Optional
+import json
+from typing import Any, Optional
 
+from mlx_nb.api.ids import prefixed_id
 from mlx_nb.engine.types import TokenLogprob, Usage
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -30,6 +32,49 @@ def usage_dict(usage: Optional[Usage]) -> dict:
         "total_tokens": u.total_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     }
+
+
+_ID_PREFIX = {"chat.completion": "chatcmpl-", "text_completion": "cmpl-"}
+
+
+def choices_body(kind: str, results: list, choices: list[dict], *, model: str, created: int) -> dict:
+    """A whole `chat.completion` / `text_completion` body around its choices (one Result each)."""
+    return {
+        "id": prefixed_id(_ID_PREFIX[kind], results[0].request_id),
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage_of_choices([r.usage for r in results]),
+    }
+
+
+def usage_of_choices(usages: list[Optional[Usage]]) -> dict:
+    """`n` choices of one prompt: the prompt counted once, completion tokens summed."""
+    first = usages[0] or Usage()
+    total = Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages if u), first.cached_tokens)
+    return usage_dict(total)
+
+
+def choice_requests(kwargs: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """`n` engine requests for `n` choices; a seeded request gets seeds seed, seed+1, ... so the
+    choices differ yet each stays reproducible."""
+    out = []
+    for i in range(n):
+        one = dict(kwargs)
+        if i and one.get("seed") is not None:
+            one["seed"] = one["seed"] + i
+        out.append(one)
+    return out
+
+
+def json_error(text: str) -> Optional[str]:
+    """None if `text` parses as JSON, else a one-line reason (for response_format json modes)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"content is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+    return None
 
 
 def _entry(token: str, logprob: float) -> dict:

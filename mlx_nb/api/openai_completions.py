@@ -1,9 +1,10 @@
 """OpenAI legacy Completions (`/v1/completions`): raw prompt in, `text_completion` out.
 
 One prompt string per request (a one-element list is accepted); token-id prompts, `echo`,
-`suffix`, `best_of` > 1 and `n` > 1 are rejected with a 400 rather than silently ignored.
-`logprobs: k` asks for the chosen token's logprob plus k alternatives (OpenAI's meaning).
-A missing `max_tokens` means the engine's default budget (OpenAI's own default is 16).
+`suffix` and `best_of` > 1 are rejected with a 400 rather than silently ignored; `n` > 1 gives
+n choices, decoded as n rows of the batch. `logprobs: k` asks for the chosen token's logprob plus
+k alternatives (OpenAI's meaning). A missing `max_tokens` means the server's default budget
+(by default the rest of the context; OpenAI's legacy default of 16 cuts most answers short).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pydantic import Field, field_validator
 from mlx_nb.api.errors import server_error
 from mlx_nb.api.ids import prefixed_id
 from mlx_nb.api.openai_common import (
+    choice_requests,
+    choices_body,
     completion_logprobs,
     error_chunk,
     finish_reason,
@@ -22,13 +25,12 @@ from mlx_nb.api.openai_common import (
 )
 from mlx_nb.api.request_common import (
     SamplingFields,
+    ServerDefaults,
     WireModel,
-    check_max_tokens,
-    check_model,
+    parse_request,
     engine_logprobs,
-    load_body,
+    generation_kwargs,
     sampling_kwargs,
-    validate,
 )
 from mlx_nb.engine.types import Delta, Result
 
@@ -90,49 +92,51 @@ def parse_completion_request(
     body: Union[dict, bytes, str],
     *,
     model_names: Optional[Iterable[str]] = None,
-    context_length: Optional[int] = None,
+    defaults: ServerDefaults = ServerDefaults(),
 ) -> CompletionRequest:
-    req = validate(CompletionRequest, load_body(body))
-    check_model(req.model, model_names)
-    check_max_tokens(req.max_tokens, context_length)
-    return req
+    return parse_request(CompletionRequest, body, model_names, defaults)
 
 
-def completion_engine_kwargs(req: CompletionRequest) -> dict[str, Any]:
+def completion_engine_kwargs(req: CompletionRequest, defaults: ServerDefaults = ServerDefaults()) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"prompt": req.prompt, **sampling_kwargs(req)}
-    if req.max_tokens is not None:
-        kwargs["max_tokens"] = req.max_tokens
+    kwargs.update(generation_kwargs(defaults, req.max_tokens, req.temperature))
     kwargs["logprobs"] = engine_logprobs(req.logprobs is not None, req.logprobs)
     kwargs["tools"] = None
     return kwargs
 
 
-def completion_response(result: Result, *, model: str, created: int, top_logprobs: Optional[int] = None) -> dict:
-    """The `text_completion` body; `top_logprobs` trims alternatives to the request's `logprobs`."""
-    if result.finish_reason == "error":
-        raise server_error(result.error or "generation failed")
-    choice = {
-        "index": 0,
-        "text": result.text,
-        "finish_reason": finish_reason(result.finish_reason),
-        "logprobs": completion_logprobs(result.logprobs, top_logprobs),
-    }
-    return {
-        "id": prefixed_id("cmpl-", result.request_id),
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage_dict(result.usage),
-    }
+def completion_engine_requests(req: CompletionRequest, defaults: ServerDefaults = ServerDefaults()) -> list[dict]:
+    """One `engine.submit` kwargs per choice (`n` of them)."""
+    return choice_requests(completion_engine_kwargs(req, defaults), req.n)
+
+
+def completion_response(
+    result: Union[Result, list[Result]], *, model: str, created: int, top_logprobs: Optional[int] = None
+) -> dict:
+    """The `text_completion` body (one Result per choice); `top_logprobs` trims alternatives to
+    the request's `logprobs`."""
+    results = result if isinstance(result, list) else [result]
+    choices = []
+    for i, r in enumerate(results):
+        if r.finish_reason == "error":
+            raise server_error(r.error or "generation failed")
+        choices.append({
+            "index": i,
+            "text": r.text,
+            "finish_reason": finish_reason(r.finish_reason),
+            "logprobs": completion_logprobs(r.logprobs, top_logprobs),
+        })
+    return choices_body("text_completion", results, choices, model=model, created=created)
 
 
 class CompletionStream:
     """Deltas -> `text_completion` chunks: text pieces, a finish chunk, then usage if asked."""
 
     def __init__(
-        self, model: str, created: int, request_id: str, include_usage: bool = False, top_logprobs: Optional[int] = None
+        self, model: str, created: int, request_id: str, include_usage: bool = False, top_logprobs: Optional[int] = None,
+        index: int = 0,
     ):
+        self.index = index
         self.model = model
         self.created = created
         self.id = prefixed_id("cmpl-", request_id)
@@ -142,8 +146,16 @@ class CompletionStream:
         self.done = False
 
     @classmethod
-    def for_request(cls, req: CompletionRequest, *, model: str, created: int, request_id: str) -> "CompletionStream":
-        return cls(model, created, request_id, req.include_usage, req.logprobs)
+    def for_request(
+        cls, req: CompletionRequest, *, model: str, created: int, request_id: str, index: int = 0,
+        include_usage: Optional[bool] = None,
+    ) -> "CompletionStream":
+        usage = req.include_usage if include_usage is None else include_usage
+        return cls(model, created, request_id, usage, req.logprobs, index)
+
+    def start(self) -> list[dict]:
+        """Nothing to send at admission: legacy completions have no role chunk."""
+        return []
 
     def feed(self, delta: Delta) -> list[dict]:
         if self.done:
@@ -156,17 +168,17 @@ class CompletionStream:
             logprobs = completion_logprobs(delta.logprobs, self.top_logprobs, self.offset)
             self.offset += sum(len(lp.token) for lp in delta.logprobs)
             choice = {
-                "index": 0,
+                "index": self.index,
                 "text": delta.text,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason(delta.finish_reason),
             }
-            out.append({**self._envelope(), "choices": [choice]})
+            out.append({**self.envelope(), "choices": [choice]})
         if delta.finish_reason is not None:
             self.done = True
             if self.include_usage:
-                out.append({**self._envelope(), "choices": [], "usage": usage_dict(delta.usage)})
+                out.append({**self.envelope(), "choices": [], "usage": usage_dict(delta.usage)})
         return out
 
-    def _envelope(self) -> dict:
+    def envelope(self) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}

@@ -9,18 +9,19 @@ extensions (vLLM, llama.cpp, mlx_lm.server) clients send.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, TypeVar, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from mlx_nb.api.errors import (
-    APIError,
     from_validation_error,
     invalid_request,
     model_not_found,
 )
 
 M = TypeVar("M", bound=BaseModel)
+MAX_CHOICES = 16  # `n`: each choice is one row of the shared batch
 
 
 class WireModel(BaseModel):
@@ -108,25 +109,66 @@ def validate(model: type[M], data: dict) -> M:
         raise from_validation_error(exc, data) from None
 
 
-def check_model(name: Optional[str], model_names: Optional[Iterable[str]]) -> None:
+@dataclass(frozen=True)
+class ServerDefaults:
+    """What a server fills in for fields a request leaves out, and how it names its model.
+
+    `max_tokens` None: a reply may use the rest of the context (what the APIs do when a client
+    sends no budget); `max_tokens_cap` bounds every reply, asked-for budgets included (larger ones
+    are clamped, and the response says so). `temperature` None keeps the engine's own default
+    (greedy); servers pass the APIs' documented 1.0. `aliases` map names clients are configured
+    with to the served model; `any_model` accepts every name when one model is served.
+    """
+
+    max_tokens: Optional[int] = None
+    max_tokens_cap: Optional[int] = None
+    temperature: Optional[float] = None
+    aliases: dict = field(default_factory=dict)
+    any_model: bool = False
+
+    def budget(self, requested: Optional[int]) -> Optional[int]:
+        """The engine's max_tokens: the request's (or the default), at most the cap; None = rest of context."""
+        value = self.max_tokens if requested is None else requested
+        if self.max_tokens_cap is not None:
+            value = self.max_tokens_cap if value is None else min(value, self.max_tokens_cap)
+        return value
+
+    def resolve_model(self, name: Optional[str], model_names: Optional[Iterable[str]]) -> Optional[str]:
+        """The served model a request's `model` means (None: any); an unknown name is a 404."""
+        if name is None or model_names is None:
+            return name
+        names = list(model_names)
+        if not names or name in names:
+            return name
+        target = self.aliases.get(name)
+        if target in names:
+            return target
+        if self.any_model and len(names) == 1:
+            return names[0]
+        raise model_not_found(name, names + sorted(a for a, t in self.aliases.items() if t in names))
+
+
+def parse_request(
+    model: type[M], body: Union[dict, bytes, str], model_names: Optional[Iterable[str]], defaults: "ServerDefaults"
+) -> M:
+    """Validate a body as `model` and check its model name; every problem is an `APIError`."""
+    req = validate(model, load_body(body))
+    check_model(getattr(req, "model", None), model_names, defaults)
+    return req
+
+
+def check_model(name: Optional[str], model_names: Optional[Iterable[str]], defaults: "ServerDefaults") -> None:
     """An omitted model means "whatever is loaded"; a named one must be servable (else 404)."""
-    if name is None or model_names is None:
-        return
-    names = list(model_names)
-    if names and name not in names:
-        raise model_not_found(name, names)
+    defaults.resolve_model(name, model_names)
 
 
-def check_max_tokens(value: Optional[int], context_length: Optional[int], param: str = "max_tokens") -> None:
-    """A budget larger than the whole context can never be honoured: say so before queueing."""
-    if value is not None and context_length and value > context_length:
-        raise APIError(
-            400,
-            f"{param} is {value}, but this model's context length is {context_length} tokens",
-            "invalid_request_error",
-            param,
-            "context_length_exceeded",
-        )
+def generation_kwargs(defaults: "ServerDefaults", budget: Optional[int], temperature: Optional[float]) -> dict:
+    """`max_tokens` (always present: None asks the engine for the rest of the context) and, when the
+    request set none and the server has one, the default `temperature`."""
+    out: dict[str, Any] = {"max_tokens": defaults.budget(budget)}
+    if temperature is None and defaults.temperature is not None:
+        out["temperature"] = defaults.temperature
+    return out
 
 
 def stop_list(stop: Union[str, list[str], None]) -> list[str]:
@@ -149,15 +191,8 @@ class SamplingFields(WireModel):
     logit_bias: Optional[dict[int, float]] = None  # JSON keys are token ids as strings: pydantic converts
     stop: Union[str, list[str], None] = None
     seed: Optional[int] = None
-    n: Optional[int] = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v: Optional[int]) -> Optional[int]:
-        if v is not None and v != 1:
-            raise ValueError("only n=1 is supported: send one request per choice")
-        return v
 
 
 def sampling_kwargs(req: SamplingFields) -> dict[str, Any]:

@@ -117,13 +117,12 @@ class _Remote:
         self._models: Optional[list[str]] = None
 
     def _kwargs(self) -> dict:
-        try:  # newer openai SDKs run on httpx's fork httpx2 and want its Timeout
-            import httpx2 as hx
-        except ImportError:
-            import httpx as hx
+        import openai
 
+        # openai.Timeout is the Timeout of the HTTP library this SDK runs on (httpx, or its fork
+        # httpx2 from openai 3 on): each SDK rejects the other library's objects
         return dict(base_url=self.url, api_key=self.api_key or "none", max_retries=0,
-                    timeout=hx.Timeout(600.0, connect=5.0))
+                    timeout=openai.Timeout(600.0, connect=5.0))
 
     @property
     def sync(self):

@@ -140,7 +140,7 @@ class Engine:
         messages: Optional[list] = None,
         prompt: Optional[str] = None,
         *,
-        max_tokens: int = 256,
+        max_tokens: Optional[int] = 256,
         temperature: float = 0.0,
         top_p: float = 1.0,
         top_k: int = 0,
@@ -162,14 +162,20 @@ class Engine:
 
         `logits_processors` (`fn(tokens, logits) -> logits`) and `sampler` (`fn(logprobs) -> token ids`)
         run on this request's row only; one that raises or returns the wrong shape or dtype ends
-        this request alone with finish_reason "error".
+        this request alone with finish_reason "error". `max_tokens` None means the rest of the
+        context; a budget larger than what fits after the prompt is clamped to it (`handle.max_tokens`
+        says what was granted).
         """
         self._check_open()
         self.wait_ready()
         if (messages is None) == (prompt is None):
             raise RequestError("give exactly one of messages (chat) or prompt (completion)", "messages")
+        loaded = self.loaded  # one read: the loop drops it when it stops
+        if loaded is None:
+            raise EngineClosedError("the engine has stopped: create a new Engine")
+        context = loaded.context_length
         sampling = SamplingParams(
-            max_tokens=max_tokens,
+            max_tokens=context if max_tokens is None else max_tokens,
             temperature=float(temperature),
             top_p=float(top_p),
             top_k=top_k,
@@ -182,11 +188,7 @@ class Engine:
             seed=seed,
             logprobs=int(logprobs or 0),
         )
-        loaded = self.loaded  # one read: the loop drops it when it stops
-        if loaded is None:
-            raise EngineClosedError("the engine has stopped: create a new Engine")
-        context = loaded.context_length
-        validate(sampling, context, loaded.vocab_size)
+        validate(sampling, loaded.vocab_size)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
                           chat_template_kwargs=dict(chat_template_kwargs or {}))
@@ -208,7 +210,7 @@ class Engine:
         sampling.max_tokens = min(sampling.max_tokens, context - len(tokens))
         if sampler is not None and not callable(sampler):
             raise RequestError("sampler must be a function of the log-probabilities", "sampler")
-        handle = RequestHandle(rid, self._loop.abort)  # the loop, not self: a handle never pins an Engine
+        handle = RequestHandle(rid, self._loop.abort, prompt_tokens=len(tokens), max_tokens=sampling.max_tokens)  # the loop, not self: a handle never pins an Engine
         live = LiveRequest(
             request=request,
             handle=handle,
@@ -221,6 +223,25 @@ class Engine:
         )
         self._loop.submit(live)
         return handle
+
+    def count_tokens(self, messages: Optional[list] = None, prompt: Optional[str] = None,
+                     tools: Optional[list] = None) -> int:
+        """How many prompt tokens `submit` would queue for this input (chat template applied)."""
+        self._check_open()
+        self.wait_ready()
+        request = Request("count", messages=messages, prompt=prompt, tools=tools)
+        loaded = self.loaded
+        if loaded is None:
+            raise EngineClosedError("the engine has stopped: create a new Engine")
+        if loaded.kind == "vision":
+            from mlx_nb.engine.vision import prepare_vision_request
+
+            return len(prepare_vision_request(loaded, request, self.image_options)[0])
+        tok = loaded.tokenizer
+        if messages is None:
+            return len(encode_prompt(tok, prompt, chat=False))
+        text = render_chat(tok, normalize_messages(messages), tools, {}, True)
+        return len(encode_prompt(tok, text, chat=True))
 
     def _prompt_tokens(self, loaded, request: Request) -> tuple[list[int], list[int]]:
         """Prompt token ids, and the segment ends worth a prefix-cache snapshot."""

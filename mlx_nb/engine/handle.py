@@ -14,8 +14,11 @@ from mlx_nb.engine.types import Delta, Result, TokenLogprob, Usage
 
 
 class RequestHandle:
-    def __init__(self, request_id: str, abort: Callable[[str], None]):
+    def __init__(self, request_id: str, abort: Callable[[str], None], *, prompt_tokens: Optional[int] = None,
+                 max_tokens: Optional[int] = None):
         self.id = request_id
+        self.prompt_tokens = prompt_tokens  # known at submit: what a stream can report before any token
+        self.max_tokens = max_tokens  # the budget granted (a larger request is clamped to what fits)
         self._abort = abort
         self._deltas: list[Delta] = []
         self._cond = threading.Condition()

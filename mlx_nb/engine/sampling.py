@@ -13,14 +13,15 @@ from typing import Callable, Optional
 from mlx_nb.engine.types import RequestError, SamplingParams
 
 
-def validate(p: SamplingParams, context_length: int, vocab_size: Optional[int] = None) -> None:
+def validate(p: SamplingParams, vocab_size: Optional[int] = None) -> None:
+    """Refuse settings no request could mean. A budget beyond the context is not refused: the
+    engine clamps it to what fits after the prompt."""
     bias_ok = isinstance(p.logit_bias, dict) and len(p.logit_bias) <= 300 and all(
         isinstance(t, int) and 0 <= t < (vocab_size or t + 1) and isinstance(b, (int, float)) and -100 <= b <= 100
         for t, b in p.logit_bias.items()
     )
     checks = [
-        (isinstance(p.max_tokens, int) and 1 <= p.max_tokens <= context_length,
-         "max_tokens", f"max_tokens must be an integer from 1 to the context length {context_length}"),
+        (isinstance(p.max_tokens, int) and p.max_tokens >= 1, "max_tokens", "max_tokens must be a positive integer"),
         (0.0 <= p.temperature <= 10.0, "temperature", "temperature must be between 0 and 10"),
         (0.0 < p.top_p <= 1.0, "top_p", "top_p must be in (0, 1]"),
         (isinstance(p.top_k, int) and p.top_k >= 0, "top_k", "top_k must be a non-negative integer"),

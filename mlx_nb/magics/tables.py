@@ -60,6 +60,10 @@ def status_table(status: dict, backend: str) -> Table:
         ["tokens generated / prompt", f"{status.get('generated_tokens', 0)} / {status.get('prompt_tokens', 0)}"],
         ["memory active / peak", f"{human_bytes(mem.get('active_bytes'))} / {human_bytes(mem.get('peak_bytes'))}"],
     ]
+    if status.get("backend"):  # a server fronting another engine: say which, and what it does not show
+        rows.insert(1, ["fronting", status["backend"]])
+        if status.get("not_exposed"):
+            rows.append(["not shown", status["not_exposed"]])
     requests = status.get("requests") or []
     note = "; ".join(f"{r['id']}: {r['phase']} {r.get('generated_tokens', 0)}/{r.get('max_tokens', '?')} tokens"
                      for r in requests) or "no live requests"

@@ -3,7 +3,8 @@
 `client.subscribe` pushes each BatchEvent into a thread-safe buffer: from the engine thread when
 the engine is embedded (nothing else happens there: the engine must not wait on widgets), from a
 reader of the server's `events` SSE route over HTTP. A drawing thread redraws at most `max_hz`
-times a second.
+times a second. A server that publishes no batch events (one fronting a backend without them)
+gets its own one-line explanation shown in place of the timeline (`.unavailable`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ class BatchVisualizer(W.VBox):
         self._closed = threading.Event()
         self._unsubscribe = None
         self._thread: Optional[threading.Thread] = None
+        self.unavailable: Optional[str] = None
         super().__init__([self.refresh_button, self.html], **kwargs)
+        if not self.client.embedded and not self._events_published():
+            return
         if live and self.client.embedded:  # subscribe before the first pull: no gap, duplicates dropped by seq
             self._unsubscribe = self.client.subscribe(self._on_event)
         self.refresh()
@@ -47,6 +51,19 @@ class BatchVisualizer(W.VBox):
         if live:
             self._thread = threading.Thread(target=self._loop, daemon=True, name="mlx-nb-batch-visualizer")
             self._thread.start()
+
+    def _events_published(self) -> bool:
+        from html import escape
+
+        from mlx_nb.client import ClientError
+
+        try:
+            self.client.events(since=self.last_seq)
+        except ClientError as exc:
+            self.unavailable = str(exc)
+            self.html.value = f"<p><b>No batch timeline:</b> {escape(self.unavailable)}</p>"
+            return False
+        return True
 
     @property
     def svg(self) -> str:

@@ -30,7 +30,8 @@ key_file = Path(tempfile.mkdtemp()) / "mlx-nb-api-key"  # by default: in Jupyter
 jupyter = str(Path(sys.executable).with_name("jupyter"))
 server = subprocess.Popen(
     [jupyter, "mlx", "--allow-root", "--ip=127.0.0.1", f"--port={port}", f"--MLXExtension.api_key_file={key_file}",
-     "--ServerApp.open_browser=False", "--MLXExtension.model=smollm2-135m-instruct"],
+     "--ServerApp.open_browser=False", "--MLXExtension.model=smollm2-135m-instruct",
+     "--MLXExtension.default_temperature=0"],  # greedy unless asked: the outputs below are reproducible
     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
 )
 atexit.register(server.terminate)  # however this notebook ends, the server goes with its kernel
@@ -128,7 +129,8 @@ print(reply.choices[0].message.content)
 # %% [markdown]
 # ## The anthropic SDK
 # The Messages API is served too; the Anthropic SDK sends its key as `x-api-key`, which the routes
-# accept as well. (Sampling is greedy unless a temperature is given.)
+# accept as well. (This server samples greedily unless a request sets a temperature: its
+# `default_temperature` is 0, where the APIs' own default is 1.)
 
 # %% tags=["nbval-check-output"]
 from anthropic import Anthropic

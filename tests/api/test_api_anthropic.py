@@ -30,7 +30,7 @@ WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 
 
 def parse(body, **kw):
-    return parse_messages_request(body, model_names=["m"], context_length=1024, **kw)
+    return parse_messages_request(body, model_names=["m"], **kw)
 
 
 def error_of(body):
@@ -47,7 +47,6 @@ def error_of(body):
     [
         ({"messages": USER}, "max_tokens", "Field required"),
         ({"max_tokens": 0, "messages": USER}, "max_tokens", "greater than or equal to 1"),
-        ({"max_tokens": 2000, "messages": USER}, "max_tokens", "context length is 1024"),
         ({"max_tokens": 5, "messages": []}, "messages", "at least one"),
         (
             {"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
@@ -73,7 +72,18 @@ def error_of(body):
             "tool_use_id",
         ),
         ({"max_tokens": 5, "messages": USER, "temperature": 1.5}, "temperature", "less than or equal to 1"),
-        ({"max_tokens": 5, "messages": USER, "tools": [{"name": "f"}]}, "tools.0.input_schema", "Field required"),
+        ({"max_tokens": 5, "messages": USER, "tools": [{"name": "f"}]}, "tools.0", "needs an input_schema"),
+            (
+                {"max_tokens": 5, "messages": USER, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+                "tools.0",
+                "runs no tools itself",
+            ),
+            (
+                {"max_tokens": 5, "messages": [{"role": "user", "content": [
+                    {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "x"}}]}]},
+                "messages.0.content.0",
+                "only text documents",
+            ),
     ],
 )
 def test_bad_requests(body, param, words):

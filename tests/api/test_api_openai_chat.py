@@ -8,8 +8,10 @@ from openai.types.chat import ChatCompletion
 
 from mlx_nb.api import (
     APIError,
+    ServerDefaults,
     chat_completion,
     chat_engine_kwargs,
+    chat_engine_requests,
     chat_response,
     parse_chat_request,
     parse_tool_calls,
@@ -21,7 +23,6 @@ USER = [{"role": "user", "content": "hi"}]
 
 def parse(body, **kw):
     kw.setdefault("model_names", NAMES)
-    kw.setdefault("context_length", 2048)
     return parse_chat_request(body, **kw)
 
 
@@ -115,7 +116,8 @@ def test_non_object_body():
         ({"messages": USER, "max_tokens": "many"}, "max_tokens", "valid integer"),
         ({"messages": USER, "temperature": 3}, "temperature", "less than or equal to 2"),
         ({"messages": USER, "temperature": "hot"}, "temperature", "valid number"),
-        ({"messages": USER, "n": 2}, "n", "only n=1"),
+        ({"messages": USER, "n": 0}, "n", "greater than or equal to 1"),
+        ({"messages": USER, "n": 17}, "n", "less than or equal to 16"),
         ({"messages": USER, "stop": 5}, "stop", "valid string"),
         ({"messages": USER, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "less than or equal to 20"),
         ({"messages": USER, "top_logprobs": 2}, None, "requires logprobs"),
@@ -135,12 +137,41 @@ def test_bad_requests_are_400_naming_the_field(body, param, words):
         assert err.message.startswith(f"{param}: ")
 
 
-def test_max_tokens_above_context_length():
-    err = error_of({"messages": USER, "max_tokens": 4096}, context_length=2048)
-    assert err.status == 400 and err.param == "max_tokens" and "2048" in err.message
-    err = error_of({"messages": USER, "max_completion_tokens": 4096}, context_length=2048)
-    assert err.param == "max_completion_tokens"
-    assert parse({"messages": USER, "max_tokens": 2048}, context_length=2048).budget == 2048
+@pytest.mark.parametrize("default", [None, 300])
+@pytest.mark.parametrize("cap", [None, 100, 1000])
+@pytest.mark.parametrize("asked", [None, 50, 500, 32000])
+def test_budget_is_the_request_or_the_default_under_the_cap(asked, cap, default):
+    """A large budget is never refused here (the engine clamps it to what fits); None = rest of context."""
+    req = parse({"messages": USER, **({} if asked is None else {"max_tokens": asked})})
+    got = chat_engine_kwargs(req, ServerDefaults(max_tokens=default, max_tokens_cap=cap))["max_tokens"]
+    want = asked if asked is not None else default
+    if cap is not None:
+        want = cap if want is None else min(want, cap)
+    assert got == want
+
+
+def test_temperature_default_is_the_servers_unless_the_request_sets_one():
+    assert "temperature" not in chat_engine_kwargs(parse({"messages": USER}))
+    assert chat_engine_kwargs(parse({"messages": USER}), ServerDefaults(temperature=1.0))["temperature"] == 1.0
+    req = parse({"messages": USER, "temperature": 0})
+    assert chat_engine_kwargs(req, ServerDefaults(temperature=1.0))["temperature"] == 0
+
+
+def test_model_names_aliases_and_any_name():
+    strict = ServerDefaults(aliases={"gpt-4o": NAMES[0]})
+    assert strict.resolve_model("gpt-4o", NAMES) == NAMES[0] == strict.resolve_model(NAMES[0], NAMES)
+    err = error_of({"messages": USER, "model": "claude"}, defaults=strict)
+    assert err.status == 404 and "gpt-4o" in err.message  # the aliases are offered as names
+    lenient = ServerDefaults(any_model=True)
+    assert lenient.resolve_model("whatever-the-client-says", NAMES) == NAMES[0]
+    with pytest.raises(APIError):  # two models served: a name must mean one of them
+        lenient.resolve_model("whatever", NAMES + ["other"])
+
+
+def test_n_choices_are_n_engine_requests_with_distinct_seeds():
+    reqs = chat_engine_requests(parse({"messages": USER, "n": 3, "seed": 7}))
+    assert [r["seed"] for r in reqs] == [7, 8, 9] and all(r["messages"] == USER for r in reqs)
+    assert [r.get("seed") for r in chat_engine_requests(parse({"messages": USER, "n": 2}))] == [None, None]
 
 
 def test_unknown_model_is_404():
@@ -198,7 +229,7 @@ def test_engine_kwargs_mapping():
 
 def test_unset_sampling_fields_are_left_to_the_engine():
     kw = chat_engine_kwargs(parse({"messages": USER}))
-    assert kw == {"messages": USER, "stop": [], "logprobs": 0, "tools": None}
+    assert kw == {"messages": USER, "stop": [], "max_tokens": None, "logprobs": 0, "tools": None}
 
 
 def test_max_completion_tokens_wins_and_stop_list_drops_empties():

@@ -5,16 +5,27 @@ body or the SSE stream) with a canned reply in place of the engine, so this chec
 parsing of what the SDKs actually send and that their parsers (streams included) read our output.
 """
 
+import importlib
 import json
 
 import anthropic
 import openai
 import pytest
 
-try:  # the SDKs moved from httpx to its fork httpx2 (same API) and reject the other's objects
-    import httpx2 as httpx
-except ImportError:  # older SDKs
-    import httpx
+
+def http_library(sdk):
+    """The HTTP library an SDK runs on: httpx, or its fork httpx2 (same API) in newer SDKs, which
+    rejects the other's objects; the SDK's re-exported Timeout is that library's."""
+    for name in ("httpx2", "httpx"):
+        try:
+            lib = importlib.import_module(name)
+        except ImportError:
+            continue
+        if lib.Timeout is sdk.Timeout:
+            return lib
+    raise AssertionError(f"{sdk.__name__} runs on neither httpx nor httpx2")
+
+
 from api_fakes import deltas
 
 from mlx_nb.api import (
@@ -59,7 +70,8 @@ class FakeRoute:
     def result(self):
         return Result("r1", self.reply, "stop", deltas([], rid="r1")[-1].usage)
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request):
+        self.http = importlib.import_module(type(request).__module__.split(".")[0])  # answer in the caller's library
         path = request.url.path
         anthropic_route = path.endswith("/messages")
         try:
@@ -70,16 +82,16 @@ class FakeRoute:
             return self.messages(request.content)
         except APIError as err:
             body = err.to_anthropic_dict() if anthropic_route else err.to_dict()
-            return httpx.Response(err.status, json=body)
+            return self.http.Response(err.status, json=body)
 
-    def sse(self, events) -> httpx.Response:
-        return httpx.Response(200, content=b"".join(events), headers={"content-type": "text/event-stream"})
+    def sse(self, events):
+        return self.http.Response(200, content=b"".join(events), headers={"content-type": "text/event-stream"})
 
     def chat(self, body):
-        req = parse_chat_request(body, model_names=["m"], context_length=4096)
+        req = parse_chat_request(body, model_names=["m"])
         self.kwargs = chat_engine_kwargs(req)
         if not req.stream:
-            return httpx.Response(200, json=chat_response(req, self.result(), model="m", created=1))
+            return self.http.Response(200, json=chat_response(req, self.result(), model="m", created=1))
         stream = ChatStream.for_request(req, model="m", created=1, request_id="r1")
         return self.sse([sse_event(c) for d in self.deltas() for c in stream.feed(d)] + [sse_done()])
 
@@ -87,7 +99,7 @@ class FakeRoute:
         req = parse_completion_request(body, model_names=["m"])
         self.kwargs = completion_engine_kwargs(req)
         if not req.stream:
-            return httpx.Response(200, json=completion_response(self.result(), model="m", created=1))
+            return self.http.Response(200, json=completion_response(self.result(), model="m", created=1))
         stream = CompletionStream.for_request(req, model="m", created=1, request_id="r1")
         return self.sse([sse_event(c) for d in self.deltas() for c in stream.feed(d)] + [sse_done()])
 
@@ -95,17 +107,19 @@ class FakeRoute:
         req = parse_messages_request(body, model_names=["m"])
         self.kwargs = messages_engine_kwargs(req)
         if not req.stream:
-            return httpx.Response(200, json=messages_response(req, self.result(), model="m"))
+            return self.http.Response(200, json=messages_response(req, self.result(), model="m"))
         stream = MessagesStream.for_request(req, model="m", request_id="r1")
         return self.sse([sse_event(data, event=name) for d in self.deltas() for name, data in stream.feed(d)])
 
 
 def oai(route):
+    httpx = http_library(openai)
     transport = httpx.Client(transport=httpx.MockTransport(route))
     return openai.OpenAI(base_url="http://test/v1", api_key="k", http_client=transport, max_retries=0)
 
 
 def claude(route):
+    httpx = http_library(anthropic)
     transport = httpx.Client(transport=httpx.MockTransport(route))
     return anthropic.Anthropic(base_url="http://test", api_key="k", http_client=transport, max_retries=0)
 
@@ -147,7 +161,7 @@ def test_openai_errors_surface_as_sdk_exceptions():
         client.chat.completions.create(model="gpt-4o", messages=USER)
     assert info.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="m", messages=USER, n=2)
+        client.chat.completions.create(model="m", messages=USER, n=17)
     assert info.value.param == "n"
     with pytest.raises(openai.APIError, match="engine fell over"):
         list(oai(FakeRoute(error="engine fell over")).chat.completions.create(model="m", messages=USER, stream=True))

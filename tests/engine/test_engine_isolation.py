@@ -124,7 +124,7 @@ def test_a_step_that_raises_fails_its_batch_and_the_engine_goes_on(llama_engine)
     "kwargs,field",
     [
         ({"max_tokens": 0}, "max_tokens"),
-        ({"max_tokens": 10**7}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
         ({"temperature": -1}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"logprobs": 99}, "logprobs"),
@@ -135,6 +135,30 @@ def test_bad_sampling_is_refused_at_submit_naming_the_field(llama_engine, kwargs
     with pytest.raises(RequestError) as err:
         llama_engine.submit(prompt="x", **kwargs)
     assert err.value.field == field
+
+
+def test_budget_beyond_the_context_is_clamped_and_none_means_the_rest(llama_engine):
+    """What clients send (Claude Code: 32000) is clamped to what fits after the prompt, not refused;
+    the handle says what was granted and how long the prompt is, before any token."""
+    context = llama_engine.loaded.context_length
+    messages = [{"role": "user", "content": "hello there"}]
+    for asked in (10**7, None):
+        handle = llama_engine.submit(messages=messages, max_tokens=asked)
+        assert handle.prompt_tokens > 0 and handle.max_tokens == context - handle.prompt_tokens
+        handle.abort()
+    small = llama_engine.submit(messages=messages, max_tokens=3)
+    assert small.max_tokens == 3 and small.result(timeout=60).usage.prompt_tokens == small.prompt_tokens
+
+
+def test_count_tokens_is_the_chat_templates_length(llama_engine):
+    """Compared with the tokenizer's own apply_chat_template (mlx_lm's wrapper around transformers)."""
+    tok = llama_engine.loaded.tokenizer
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for messages in ([{"role": "user", "content": "hi"}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a " * 50}]):
+        want = len(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True))
+        assert llama_engine.count_tokens(messages=messages, tools=tools) == want
+        assert llama_engine.submit(messages=messages, tools=tools, max_tokens=1).prompt_tokens == want
 
 
 def test_prompt_longer_than_the_context_is_refused(llama_engine):

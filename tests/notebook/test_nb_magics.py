@@ -8,6 +8,7 @@ import time
 
 import pytest
 from IPython.utils.capture import capture_output
+from ipython_shell import mlx_shell
 
 from mlx_nb.magics import ChatAnswer, Conversation, interpolate
 from mlx_nb.safe_markdown import safe_markdown
@@ -15,14 +16,7 @@ from mlx_nb.safe_markdown import safe_markdown
 
 @pytest.fixture(scope="module")
 def ip(tmp_path_factory):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    os.environ.setdefault("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
-    cfg = Config()
-    cfg.HistoryManager.hist_file = ":memory:"
-    shell = InteractiveShell.instance(config=cfg)
-    shell.run_line_magic("load_ext", "mlx_nb")
+    shell = mlx_shell(tmp_path_factory.mktemp("ipython"))
     with capture_output():
         shell.run_line_magic("mlx", "load tiny-llama")
     return shell

@@ -18,6 +18,7 @@ from live_server import serving
 from server_helpers import MODEL
 
 HI = [{"role": "user", "content": "hi"}]
+GREEDY = {"temperature": 0}  # this anthropic SDK has no temperature argument; the API still takes the field
 
 
 @pytest.fixture(autouse=True)
@@ -38,13 +39,13 @@ def openai_client(live) -> openai.OpenAI:
 
 def test_openai_chat_and_stream(live):
     client = openai_client(live)
-    reply = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=8)
+    reply = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=8, temperature=0)
     assert reply.model == MODEL and reply.choices[0].finish_reason in ("stop", "length")
     assert reply.usage.completion_tokens <= 8
 
     text, reasons, usage = "", [], None
     for chunk in client.chat.completions.create(
-        model=MODEL, messages=HI, max_tokens=8, stream=True, stream_options={"include_usage": True}
+        model=MODEL, messages=HI, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
     ):
         if chunk.usage:
             usage = chunk.usage
@@ -57,11 +58,12 @@ def test_openai_chat_and_stream(live):
 
 def test_openai_completions(live):
     client = openai_client(live)
-    reply = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6)
+    reply = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0)
     assert reply.object == "text_completion" and reply.choices[0].finish_reason in ("stop", "length")
     streamed = "".join(
         c.choices[0].text
-        for c in client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, stream=True)
+        for c in client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6,
+                                           temperature=0, stream=True)
     )
     assert streamed == reply.choices[0].text
 
@@ -144,16 +146,18 @@ def test_sixteen_concurrent_streams_share_batches(live):
 
 def test_anthropic_sdk(live):
     client = anthropic.Anthropic(base_url=f"{live.base}/mlx", api_key=live.key, max_retries=0)
-    message = client.messages.create(model=MODEL, max_tokens=8, system="Be brief.", messages=HI)
+    message = client.messages.create(model=MODEL, max_tokens=8, system="Be brief.", messages=HI, extra_body=GREEDY)
     assert message.role == "assistant" and message.stop_reason in ("end_turn", "max_tokens")
     assert message.content[0].type == "text" and message.usage.output_tokens <= 8
-    with client.messages.stream(model=MODEL, max_tokens=8, system="Be brief.", messages=HI) as stream:
+    with client.messages.stream(model=MODEL, max_tokens=8, system="Be brief.", messages=HI,
+                                extra_body=GREEDY) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == message.content[0].text == final.content[0].text
     assert final.stop_reason == message.stop_reason
-    with pytest.raises(anthropic.NotFoundError):
-        client.messages.create(model="claude-nope", max_tokens=8, messages=HI)
+    assert client.messages.create(model="claude-team-default", max_tokens=2, messages=HI).model == MODEL
+    counted = client.messages.count_tokens(model="claude-team-default", system="Be brief.", messages=HI)
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
 def test_disconnect_mid_stream_frees_the_slot(live):

@@ -1,0 +1,309 @@
+"""OpenAI Responses (`/v1/responses`): request JSON -> engine kwargs, Result -> `response` JSON.
+
+What Codex CLI and the OpenAI Agents SDK send: `input` as a string or a list of items —
+messages (`input_text`, `input_image`, and `output_text` from earlier assistant turns),
+`function_call` and `function_call_output` items — plus `instructions` (a leading system message),
+function tools (flat: `{"type": "function", "name", "parameters"}`), `tool_choice`,
+`max_output_tokens` and `text.format` (json_object / json_schema, handled as in chat: an
+instruction, then a check). Items are translated into the engine's one (chat) message format.
+
+Refused with a 400, because silently dropping them changes the answer: `previous_response_id`
+and `item_reference` (this server stores no responses: send the whole conversation), files, and
+hosted tools (`web_search`, `file_search`, `code_interpreter`, `mcp`, ...: this server runs no
+tool itself). `reasoning` items, `store`, `metadata`, `include`, `truncation` are accepted and
+ignored. The stream translator is `openai_responses_stream.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Literal, Optional, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from mlx_nb.api.errors import invalid_request, server_error
+from mlx_nb.api.ids import new_call_id, prefixed_id
+from mlx_nb.api.openai_chat import ResponseFormat, json_instruction
+from mlx_nb.api.request_common import (
+    ServerDefaults,
+    WireModel,
+    parse_request,
+    generation_kwargs,
+)
+from mlx_nb.api.tool_calls import ToolParser, split_tool_calls
+from mlx_nb.engine.types import Result, Usage
+
+
+class Part(WireModel):
+    type: Literal["input_text", "output_text", "text", "input_image", "refusal", "input_file"]
+    text: Optional[str] = None
+    image_url: Optional[str] = None
+    file_id: Optional[str] = None
+    refusal: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _payload(self) -> "Part":
+        if self.type == "input_file":
+            raise ValueError("input_file parts are not read by this server: send the file's text as input_text")
+        if self.type == "input_image" and not self.image_url:
+            raise ValueError("an input_image part needs 'image_url' (a data: or http(s) URL); file_id is not supported")
+        if self.type in ("input_text", "output_text", "text") and self.text is None:
+            raise ValueError(f"an {self.type} part needs 'text'")
+        return self
+
+
+class Item(WireModel):
+    """One flat input-item model, so errors name plain paths (`input.2.call_id`)."""
+
+    type: Literal["message", "function_call", "function_call_output", "reasoning", "item_reference"] = "message"
+    role: Optional[Literal["user", "assistant", "system", "developer"]] = None
+    content: Union[str, list[Part], None] = None
+    call_id: Optional[str] = None
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+    output: Union[str, list[Part], None] = None
+
+    @model_validator(mode="after")
+    def _required(self) -> "Item":
+        if self.type == "item_reference":
+            raise ValueError("item references need stored responses, which this server does not keep: "
+                             "send the items themselves")
+        need = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
+                "function_call_output": ("call_id", "output")}
+        for key in need.get(self.type, ()):
+            if getattr(self, key) is None:
+                raise ValueError(f"a {self.type} item needs '{key}'")
+        return self
+
+
+class FunctionTool(WireModel):
+    type: str
+    name: Optional[str] = None
+    description: Optional[str] = None
+    parameters: Optional[dict] = None
+    strict: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _function_only(self) -> "FunctionTool":
+        if self.type != "function":
+            raise ValueError(f"{self.type!r} is a hosted tool that OpenAI runs; this server runs no tools itself: "
+                             "remove it, or define a function tool and run it yourself")
+        if not self.name:
+            raise ValueError("a function tool needs 'name'")
+        return self
+
+    def chat_tool(self) -> dict:
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters or {"type": "object"}}
+        return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+class TextFormat(WireModel):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: Optional[str] = None
+    schema_: Optional[dict] = Field(None, alias="schema")
+
+
+class TextConfig(WireModel):
+    format: Optional[TextFormat] = None
+
+
+class ResponsesRequest(WireModel):
+    model: Optional[str] = None
+    input: Union[str, list[Item]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    tools: Optional[list[FunctionTool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict, None] = None
+    text: Optional[TextConfig] = None
+    stream: bool = False
+    previous_response_id: Optional[str] = None
+    seed: Optional[int] = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _non_empty(cls, v: Any) -> Any:
+        if v == "" or v == []:
+            raise ValueError("input is empty")
+        return v
+
+    @field_validator("previous_response_id")
+    @classmethod
+    def _stateless(cls, v: Optional[str]) -> Optional[str]:
+        if v:
+            raise ValueError("this server stores no responses: send the whole conversation as input (store: false)")
+        return v
+
+    @property
+    def wants_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def chat_tools(self) -> Optional[list[dict]]:
+        return [t.chat_tool() for t in self.tools] if self.wants_tools else None
+
+    @property
+    def text_format(self) -> Optional[ResponseFormat]:
+        fmt = self.text.format if self.text else None
+        if fmt is None or fmt.type == "text":
+            return None
+        return ResponseFormat(type=fmt.type, json_schema={"name": fmt.name, "schema": fmt.schema_})
+
+
+def parse_responses_request(
+    body: Union[dict, bytes, str],
+    *,
+    model_names: Optional[Iterable[str]] = None,
+    defaults: ServerDefaults = ServerDefaults(),
+) -> ResponsesRequest:
+    return parse_request(ResponsesRequest, body, model_names, defaults)
+
+
+def responses_engine_kwargs(req: ResponsesRequest, defaults: ServerDefaults = ServerDefaults()) -> dict[str, Any]:
+    messages: list[dict] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+    if req.text_format is not None:
+        messages.append({"role": "system", "content": json_instruction(req.text_format)})
+    items = [Item(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    for item in items:
+        _add_item(messages, item)
+    kwargs: dict[str, Any] = {"messages": messages, "stop": []}
+    for name in ("top_p", "temperature", "seed"):
+        if (value := getattr(req, name)) is not None:
+            kwargs[name] = value
+    kwargs.update(generation_kwargs(defaults, req.max_output_tokens, req.temperature))
+    kwargs["logprobs"] = 0
+    kwargs["tools"] = req.chat_tools()
+    return kwargs
+
+
+def _add_item(messages: list[dict], item: Item) -> None:
+    if item.type == "message":
+        messages.append({"role": item.role, "content": _content(item.content)})
+    elif item.type == "function_call":
+        call = {"id": item.call_id, "type": "function",
+                "function": {"name": item.name, "arguments": _arguments(item.arguments, item.call_id)}}
+        prev = messages[-1] if messages else None
+        if prev is not None and prev["role"] == "assistant":  # text then calls, or several calls: one turn
+            prev.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif item.type == "function_call_output":
+        out = item.output if isinstance(item.output, str) else _text(item.output)
+        messages.append({"role": "tool", "tool_call_id": item.call_id, "content": out})
+    # reasoning items: the engine's templates do not take them back
+
+
+def _arguments(raw: str, call_id: str) -> dict:
+    try:
+        parsed = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise invalid_request(f"function_call {call_id}: arguments are not valid JSON ({exc.msg})", "input") from None
+    return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+
+def _text(parts: list[Part]) -> str:
+    return "".join(p.text or p.refusal or "" for p in parts if p.type != "input_image")
+
+
+def _content(content: Union[str, list[Part]]) -> Union[str, list[dict]]:
+    if isinstance(content, str):
+        return content
+    if not any(p.type == "input_image" for p in content):
+        return _text(content)
+    return [
+        {"type": "image_url", "image_url": {"url": p.image_url}} if p.type == "input_image"
+        else {"type": "text", "text": p.text or p.refusal or ""}
+        for p in content
+    ]
+
+
+# -- output ---------------------------------------------------------------------------------------
+def responses_usage(usage: Optional[Usage]) -> dict:
+    u = usage or Usage()
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.total_tokens,
+    }
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "new" else []
+    return {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress" if status == "new"
+            else status, "content": content}
+
+
+def function_call_item(call: dict, status: str = "completed") -> dict:
+    args = call["arguments"]
+    call_id = call.get("id") or new_call_id()
+    return {
+        "id": "fc_" + call_id.removeprefix("call_"),
+        "type": "function_call",
+        "call_id": call_id,
+        "name": call["name"],
+        "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+        "status": status,
+    }
+
+
+def response_object(
+    req: ResponsesRequest,
+    *,
+    response_id: str,
+    model: str,
+    created: int,
+    output: list[dict],
+    status: str,
+    usage: Optional[Usage] = None,
+) -> dict:
+    """The `response` object, as create returns it and as stream events carry it."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "model": model,
+        "output": output,
+        "usage": responses_usage(usage) if usage is not None else None,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "tool_choice": req.tool_choice or "auto",
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "store": False,
+        "text": {"format": {"type": "text"}},
+        "metadata": {},
+    }
+
+
+def responses_status(finish_reason: str) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def responses_response(
+    req: ResponsesRequest,
+    result: Result,
+    *,
+    model: str,
+    created: int,
+    tool_parser: Optional[ToolParser] = None,
+    tool_markers: Optional[tuple[str, str]] = None,
+) -> dict:
+    if result.finish_reason == "error":
+        raise server_error(result.error or "generation failed")
+    text, calls = result.text, []
+    if req.wants_tools:
+        text, calls = split_tool_calls(result.text, req.chat_tools(), tool_parser, tool_markers)
+    output = [message_item(prefixed_id("msg_", result.request_id), text)] if text.strip() or not calls else []
+    output += [function_call_item(c) for c in calls]
+    return response_object(req, response_id=prefixed_id("resp_", result.request_id), model=model, created=created,
+                           output=output, status=responses_status(result.finish_reason), usage=result.usage)

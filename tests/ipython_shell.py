@@ -1,0 +1,16 @@
+"""A real IPython InteractiveShell with the mlx_nb magics loaded, as the notebook tests drive it."""
+
+import os
+from pathlib import Path
+
+
+def mlx_shell(ipython_dir: Path):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    os.environ.setdefault("IPYTHONDIR", str(ipython_dir))
+    cfg = Config()
+    cfg.HistoryManager.hist_file = ":memory:"
+    shell = InteractiveShell.instance(config=cfg)
+    shell.run_line_magic("load_ext", "mlx_nb")
+    return shell

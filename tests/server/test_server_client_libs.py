@@ -1,0 +1,156 @@
+"""Real client libraries from the package registry, unmodified and used as their docs say, against
+the real in-process server: langchain-openai, litellm (openai and anthropic providers), the openai
+SDK's Responses API and the anthropic SDK's count_tokens.
+
+None of these clients sends a budget unless told to, so each answer must come back whole: the
+engine is made to write a known reply longer than the old 256-token default (a forcing logits
+processor added to its submits: a random model never ends on its own), and each test asserts the
+whole text and a natural finish ("stop" / end_turn / completed), never a silent cut.
+"""
+
+import json
+import os
+
+import pytest
+from forcing import forcing
+from server_helpers import MODEL
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm's documented offline switch
+
+ANSWER = "The answer is forty-two. " * 14  # 350 byte tokens: longer than any 256-token default
+WEATHER = {"name": "get_weather", "description": "Weather for a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+HI = [{"role": "user", "content": "What is the answer?"}]
+
+
+@pytest.fixture
+def say(mlx_ready, monkeypatch):
+    """`say(text)`: from now on every request's reply is exactly `text`, then end of turn."""
+    engine = mlx_ready.engine
+    tok = engine.loaded.tokenizer
+    submit = engine.submit
+    ids: list[int] = []
+
+    def forced_submit(**kw):
+        return submit(**kw, logits_processors=[forcing(list(ids))])
+
+    monkeypatch.setattr(engine, "submit", forced_submit)
+
+    def set_reply(text: str) -> None:
+        ids[:] = tok.encode(text, add_special_tokens=False) + [sorted(tok.eos_token_ids)[0]]
+
+    set_reply(ANSWER)
+    return set_reply
+
+
+@pytest.fixture
+def server(jp_serverapp, http_server, mlx_ready):
+    """(OpenAI-style base URL, Anthropic-style base URL, token) of the test server."""
+    url = os.environ["MLX_NB_URL"]
+    return url, url.removesuffix("/v1"), jp_serverapp.identity_provider.token
+
+
+async def test_langchain_openai_invoke_stream_and_tools(server, say):
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    url, _, token = server
+    llm = ChatOpenAI(model="gpt-4o-mini", base_url=url, api_key=token, max_retries=0)
+    reply = await llm.ainvoke("What is the answer?")
+    assert reply.content == ANSWER and reply.response_metadata["finish_reason"] == "stop"
+    assert reply.response_metadata["model_name"] == MODEL
+
+    chunks = [chunk async for chunk in llm.astream("What is the answer?")]
+    assert "".join(c.content for c in chunks) == ANSWER
+    assert chunks[-1].response_metadata.get("finish_reason") == "stop" or any(
+        c.response_metadata.get("finish_reason") == "stop" for c in chunks)
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Weather for a city."""
+        return "sunny"
+
+    say(CALL)
+    called = await llm.bind_tools([get_weather]).ainvoke("Weather in Paris?")
+    assert called.tool_calls and called.tool_calls[0]["name"] == "get_weather"
+    assert called.tool_calls[0]["args"] == {"city": "Paris"}
+    assert called.response_metadata["finish_reason"] == "tool_calls"
+
+
+async def test_litellm_openai_and_anthropic_providers(server, say):
+    import litellm
+
+    url, anthropic_base, token = server
+    reply = await litellm.acompletion(model="openai/local-model", api_base=url, api_key=token, messages=HI)
+    assert reply.choices[0].message.content == ANSWER and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens == len(ANSWER) + 1  # every byte, and the end of turn
+
+    stream = await litellm.acompletion(model="openai/local-model", api_base=url, api_key=token, messages=HI,
+                                       stream=True)
+    text, reasons = "", []
+    async for chunk in stream:
+        text += chunk.choices[0].delta.content or ""
+        reasons.append(chunk.choices[0].finish_reason)
+    assert text == ANSWER and "stop" in reasons
+
+    claude = dict(model="anthropic/claude-sonnet-4-5", api_base=anthropic_base, api_key=token, messages=HI)
+    reply = await litellm.acompletion(**claude)
+    assert reply.choices[0].message.content == ANSWER and reply.choices[0].finish_reason == "stop"
+    stream = await litellm.acompletion(**claude, stream=True)
+    text, reasons = "", []
+    async for chunk in stream:
+        text += chunk.choices[0].delta.content or ""
+        reasons.append(chunk.choices[0].finish_reason)
+    assert text == ANSWER and "stop" in reasons
+
+
+async def test_openai_responses_api(server, say):
+    import openai
+
+    url, _, token = server
+    client = openai.AsyncOpenAI(base_url=url, api_key=token, max_retries=0)
+    made = await client.responses.create(model="gpt-4.1-mini", instructions="Answer.", input="What is the answer?")
+    assert made.status == "completed" and made.output_text == ANSWER and made.model == MODEL
+    assert made.usage.output_tokens == len(ANSWER) + 1
+
+    deltas = []
+    async with client.responses.stream(model="gpt-4.1-mini", input=HI) as stream:
+        async for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        final = await stream.get_final_response()
+    assert "".join(deltas) == ANSWER == final.output_text and final.status == "completed"
+
+    say(CALL)
+    tool = {"type": "function", **WEATHER}
+    asked = await client.responses.create(model="gpt-4.1-mini", input="Weather in Paris?", tools=[tool])
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    say("It is sunny in Paris.")
+    answered = await client.responses.create(
+        model="gpt-4.1-mini", tools=[tool],
+        input=[{"role": "user", "content": "Weather in Paris?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert answered.output_text == "It is sunny in Paris."
+
+
+async def test_anthropic_count_tokens_and_a_whole_answer(server, say):
+    import anthropic
+
+    _, base, token = server
+    client = anthropic.AsyncAnthropic(base_url=base, api_key=token, max_retries=0)
+    tools = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
+    ask = dict(model="claude-team-default", system="Be exact.", messages=HI, tools=tools)
+    counted = await client.messages.count_tokens(**ask)
+    message = await client.messages.create(**ask, max_tokens=16000)  # beyond the context: clamped, not refused
+    assert message.content[0].text == ANSWER and message.stop_reason == "end_turn"
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+    async with client.messages.stream(**ask, max_tokens=32000) as stream:  # what Claude Code sends
+        start = None
+        async for event in stream:
+            start = start or event
+        final = await stream.get_final_message()
+    assert start.type == "message_start" and start.message.usage.input_tokens == counted.input_tokens
+    assert final.content[0].text == ANSWER and final.stop_reason == "end_turn"
