@@ -58,7 +58,15 @@ def architecture_of(loaded) -> tuple[str, str]:
 
 def policy_for(loaded, forced: Optional[str] = None) -> BatchPolicy:
     package, arch = architecture_of(loaded)
-    data = matrix.read(package) or {}
+    if package == "mlx_vlm":  # the file the vision loader honours too (MLX_NB_VISION_COMPAT may name another)
+        import json
+
+        from mlx_nb.models.vision import verdict_file
+
+        path = verdict_file()
+        data = json.loads(path.read_text()) if path is not None and path.exists() else {}
+    else:
+        data = matrix.read(package) or {}
     return decide(arch, loaded.make_cache(), package, forced=forced, entries=matrix.index(data),
                   stale=_stale(package, data))
 
