@@ -74,6 +74,10 @@ class _Stream:
         if self.aborted:  # Stop pressed before the request started
             abort_fn()
 
+    def _restart_clock(self) -> None:
+        """The request really starts now (after waiting for the model to load): time from here."""
+        self._t0 = time.perf_counter()
+
     def _set_id(self, request_id: str) -> None:
         self.request_id = request_id
         self.client._live[request_id] = self

@@ -32,6 +32,7 @@ from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
 from mlx_nb.engine.types import Request, RequestError, SamplingParams, first_line
 from mlx_nb.models.loader import ModelLoadError
+from mlx_nb.models.progress import LoadProgress, reporting
 
 log = logging.getLogger("mlx_nb.engine")
 
@@ -80,6 +81,7 @@ class Engine:
         self._runner = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._ready = threading.Event()
+        self.load_progress = LoadProgress()  # the load's phase, for status() while it runs
         self._load_error: Optional[BaseException] = None
         self._closed = False
         self._stopped = False  # the engine thread has left its loop; guarded by _stop_lock
@@ -114,13 +116,16 @@ class Engine:
     # -- the engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self._load()
+            with reporting(self.load_progress):
+                self._load()
         except BaseException as exc:  # reported to every caller through wait_ready()
             self._load_error = exc if isinstance(exc, ValueError) else ModelLoadError(
                 f"could not load {self.model_name}: {type(exc).__name__}: {first_line(exc)}"
             )
+            self.load_progress.finish("failed")
             self._ready.set()
             return
+        self.load_progress.finish("ready")
         self._ready.set()
         try:
             self._serve()
@@ -349,6 +354,7 @@ class Engine:
             "error": None if self._load_error is None else str(self._load_error),
             "uptime_s": time.time() - self._started,
             "runtime": self._runtime,
+            "load": self.load_progress.to_dict(),
         }
         if not self.ready or self._closed:
             return {**base, "requests": [], "batch_size": 0, "queue_length": 0}
