@@ -30,13 +30,14 @@ class StatusHandler(MLXHandler):
 
 
 class CacheHandler(MLXHandler):
-    """The KV-cache layout: of a fresh cache, or of a live request's with `?request=ID`."""
+    """The KV-cache layout: of a fresh cache, or of a live request's with `?request_id=ID`
+    (`?request=ID` too, as earlier clients sent it); an id that is not live is a 404."""
 
     @web.authenticated
     @authorized
     async def get(self):
         engine = self.ready_engine()
-        request_id = self.get_argument("request", None) or None
+        request_id = self.get_argument("request_id", None) or self.get_argument("request", None) or None
         try:
             self.write_json(await asyncio.to_thread(engine.cache_layout, request_id))
         except KeyError as exc:
