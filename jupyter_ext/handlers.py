@@ -69,9 +69,15 @@ class GenerateHandler(MLXHandler):
             self.handle.abort()
         super().on_connection_close()
 
+    def source(self) -> str:
+        """Who asks, for the batch timeline: the X-MLX-Source header mlx_nb's Client sends, else the route."""
+        given = self.request.headers.get("X-MLX-Source", "").strip()
+        agent = self.request.headers.get("User-Agent", "").split(" ")[0]
+        return (given or f"route: {agent}".rstrip(": "))[:80]
+
     async def submit(self, kwargs: dict):
         """`engine.submit` off the event loop: it templates and tokenizes the prompt."""
-        handle = await asyncio.to_thread(self.ready_engine().submit, **kwargs)
+        handle = await asyncio.to_thread(self.ready_engine().submit, **kwargs, source=self.source())
         self.handle = handle
         if self.gone:  # left while the prompt was being tokenized
             handle.abort()

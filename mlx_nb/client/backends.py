@@ -21,6 +21,7 @@ from mlx_nb.client.streams import (
     _Stream,
     _usage,
 )
+from mlx_nb.client.content import request_source
 from mlx_nb.client.waiting import LoadWait, ModelLoadingError, wait_embedded
 
 # -- shared embedded engines ----------------------------------------------------------------
@@ -143,7 +144,7 @@ class _Remote:
             import httpx as hx
 
         return dict(base_url=self.url, api_key=self.api_key or "none", max_retries=0,
-                    timeout=hx.Timeout(600.0, connect=5.0))
+                    timeout=hx.Timeout(600.0, connect=5.0), default_headers={"X-MLX-Source": request_source()})
 
     @property
     def sync(self):
@@ -188,11 +189,11 @@ class _Remote:
             raise _status_error(f"{self.url}/{path}", r.status_code, body, r.headers)
         return r.json()
 
-    def subscribe(self, callback, since: int) -> Callable[[], None]:
+    def subscribe(self, callback, since: int, on_state=None) -> Callable[[], None]:
         """Read the `events` SSE route on a thread: `callback(event)` for each event after `since`."""
         from mlx_nb.client.event_stream import EventStream
 
-        return EventStream(f"{self.url}/events", self.headers, since, callback).close
+        return EventStream(f"{self.url}/events", self.headers, since, callback, on_state).close
 
     @staticmethod
     def _request(st: _Stream, messages: list, params: dict) -> dict:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from mlx_nb.client import backends
 from mlx_nb.client.backends import _Embedded, _Remote
-from mlx_nb.client.content import build_messages
+from mlx_nb.client.content import build_messages, request_source
 from mlx_nb.client.streams import (
     AsyncChatStream,
     ChatReply,
@@ -97,7 +97,7 @@ class Client:
     @staticmethod
     def _params(max_tokens, temperature, top_p, stop, seed) -> dict:
         return dict(max_tokens=max_tokens, temperature=temperature, top_p=1.0 if top_p is None else top_p,
-                    stop=stop, seed=seed)
+                    stop=stop, seed=seed, source=request_source())
 
     def stream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
@@ -174,13 +174,15 @@ class Client:
         body = self._backend.get("events", since=since, stream=0)
         return body.get("events", body.get("data", [])) if isinstance(body, dict) else body
 
-    def subscribe(self, callback: Callable[[dict], None], since: int = 0) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[dict], None], since: int = 0,
+                  on_state: Optional[Callable[[str], None]] = None) -> Callable[[], None]:
         """`callback(event_dict)` for each new BatchEvent; returns the unsubscribe function.
 
         Embedded: called on the engine thread, from now on (keep it quick). Over HTTP: called on a
-        reader thread of the `events` SSE route, for every event after `since`."""
+        reader thread of the `events` SSE route, for every event after `since`; `on_state(message)`
+        hears of connection trouble ("" once connected), retried with backoff, or final (401/404)."""
         if not self.embedded:
-            return self._backend.subscribe(callback, since)
+            return self._backend.subscribe(callback, since, on_state)
         return self.engine.subscribe(lambda event: callback(event.to_dict()))
 
     def models(self) -> list[str]:

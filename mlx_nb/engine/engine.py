@@ -20,7 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Optional
 
 from mlx_nb.engine import workers
-from mlx_nb.engine.events import EventLog
+from mlx_nb.engine.events import EventLog, prompt_snippet
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
 from mlx_nb.engine.layout import always_trimmable, describe_layers, is_batchable
@@ -261,8 +261,12 @@ class Engine:
         logits_processors: Optional[list] = None,
         chat_template_kwargs: Optional[dict] = None,
         request_id: Optional[str] = None,
+        source: Optional[str] = None,
     ) -> RequestHandle:
-        """Validate, template and queue a request; returns at once with its handle."""
+        """Validate, template and queue a request; returns at once with its handle.
+
+        `source` says who asked (e.g. "notebook 02-chats.ipynb", "route: OpenAI/Python"): batch events
+        carry it, with the prompt's first words, so a timeline can say which lane is whose."""
         self._check_open()
         self.wait_ready()
         if (messages is None) == (prompt is None):
@@ -286,7 +290,7 @@ class Engine:
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
                           chat_template_kwargs=dict(chat_template_kwargs or {}))
-        images, extra = [], {}
+        images, extra = [], {"source": source or "python", "label": prompt_snippet(messages, prompt)}
         if self.loaded.kind == "vision":  # every request to a vision model, text-only ones too
             from mlx_nb.engine.vision import prepare_vision_request
 
