@@ -184,7 +184,8 @@ class ChatView:
 def footer_line(reply) -> str:
     """`smollm2-135m-instruct · 12 tokens · 34.5 tok/s · 0.8 s` (and why it stopped, unless it just ended)."""
     tokens = reply.usage.get("completion_tokens") or 0
-    parts = [reply.model or "?", f"{tokens} token{'s' if tokens != 1 else ''}"]
+    about = "≈" if reply.usage.get("estimated") else ""
+    parts = [reply.model or "?", f"{about}{tokens} token{'s' if tokens != 1 else ''}"]
     if reply.tokens_per_s:
         parts.append(f"{reply.tokens_per_s:.1f} tok/s")
     parts.append(f"{reply.elapsed_s or 0:.1f} s")

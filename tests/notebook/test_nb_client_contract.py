@@ -12,15 +12,9 @@ import httpx
 import pytest
 
 from mlx_nb.client import Client, ClientError
-from live_server import serving
+from mlx_nb.client.content import request_source
 
-MODEL = "tiny-llama"
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("contract"), MODEL) as server:
-        yield server
+MODEL = "tiny-llama"  # what the `live` server (conftest) serves
 
 
 @pytest.fixture
@@ -40,10 +34,12 @@ def test_models_and_model_name(live, client):
 
 def test_chat(live, client):
     since = live.last_seq()
-    reply = client.chat("hi", max_tokens=4)
+    reply = client.chat("hi there, server", max_tokens=4)
     assert reply.finish_reason in ("stop", "length") and reply.model == MODEL
     assert 1 <= reply.usage["completion_tokens"] <= 4
     assert reply.request_id in inserted(live, since)  # the id the server knows the request by
+    insert = next(e for e in live.events(since) if e["kind"] == "insert")
+    assert insert["detail"]["label"] == "hi there, server" and insert["detail"]["source"] == request_source()
 
 
 def test_stream(live, client):
@@ -145,8 +141,11 @@ def test_abort(live, client):
 def test_openai(live, client):
     oa = client.openai()
     assert [m.id for m in oa.models.list()] == [MODEL]
+    since = live.last_seq()
     done = oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert done.choices[0].finish_reason in ("stop", "length")
+    insert = next(e for e in live.events(since) if e["kind"] == "insert")
+    assert insert["detail"]["source"].startswith("route: OpenAI/Python")  # a plain SDK client
 
 
 def test_load_and_wait_ready(live, client):
