@@ -227,6 +227,7 @@ class _Remote:
                 wait.round(self.load_status() or {"model": st.model})
                 time.sleep(exc.retry_after)
                 st._restart_clock()
+        wait.finish()
         st._opened(None, resp.close)  # closing the stream makes the server abort the request
         return self._chunks(st, resp)
 
@@ -251,6 +252,7 @@ class _Remote:
                 wait.round(await asyncio.to_thread(self.load_status) or {"model": st.model})
                 await asyncio.sleep(exc.retry_after)
                 st._restart_clock()
+        wait.finish()
         st._opened(None, lambda: None)  # the reader sees `aborted` at the next chunk and closes
         try:
             with _translated(self.url):

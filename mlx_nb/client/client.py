@@ -86,6 +86,7 @@ class Client:
         while True:
             status = self.status()
             if status.get("ready"):
+                wait.finish()
                 return self
             wait.round(status)
             time.sleep(STATUS_POLL_S)

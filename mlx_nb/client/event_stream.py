@@ -91,7 +91,7 @@ class EventStream:
             except (httpx.HTTPError, ValueError) as exc:
                 if self._stop.is_set():
                     return
-                self._state(f"cannot read {self.url} ({type(exc).__name__}: {exc}); retrying in {pause:.0f} s")
+                self._state(f"cannot reach {self.url} ({type(exc).__name__}: {exc}); retrying in {pause:.0f} s")
             finally:
                 self._response = None
             self._stop.wait(pause)

@@ -4,11 +4,17 @@ While its model loads, a server answers the model routes with 503 + `Retry-After
 `model_loading`) and its status route says what the load is doing; an embedded Engine says the
 same through `status()`. A `LoadWait` turns those into calls of `progress(status)` until the
 model is ready, the load fails, or the wait's deadline passes.
+
+Without a `progress` of the caller's, the load is shown once per model however many requests
+wait on it: in a Jupyter kernel as one output line updated in place (nothing when
+MLX_NB_NO_STREAM is set, as under nbval), elsewhere as a line on stderr per phase.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from typing import Callable, Optional
 
@@ -43,14 +49,58 @@ def print_progress(file=None, quiet_s: float = 1.0) -> Progress:
     return show
 
 
+_lines: dict[str, dict] = {}  # model -> the default progress line being shown for its load
+_lines_lock = threading.Lock()
+
+
+def _in_kernel() -> bool:
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def default_progress(status: dict) -> None:
+    """The load's line, shared by every request waiting on the same model (see the module doc)."""
+    model, load = status.get("model") or "the model", status.get("load") or {}
+    quiet = os.environ.get("MLX_NB_NO_STREAM", "").lower() in ("1", "true", "yes")
+    with _lines_lock:
+        line = _lines.setdefault(model, {"phase": None, "handle": None})
+        if not _in_kernel():
+            if load.get("phase") != line["phase"] and (load.get("elapsed_s") or 0) >= 1.0:
+                line["phase"] = load.get("phase")
+                print(f"mlx: {describe(status)}", file=sys.stderr, flush=True)
+            return
+        if quiet:
+            return
+        from IPython.display import display
+
+        bundle = {"text/plain": f"⏳ {describe(status)}"}
+        if line["handle"] is None:
+            line["handle"] = display(bundle, raw=True, display_id=True)
+        else:
+            line["handle"].update(bundle, raw=True)
+
+
+def _default_finished(status: dict, waited_s: float) -> None:
+    with _lines_lock:
+        line = _lines.pop(status.get("model") or "the model", None)
+    if line and line["handle"] is not None:
+        line["handle"].update({"text/plain": f"✓ {status.get('model')} loaded after {waited_s:.0f} s"}, raw=True)
+
+
 class LoadWait:
     """One wait for a loading model: each `round(status)` reports progress or raises why to stop."""
 
     def __init__(self, progress: Optional[Progress], timeout: float):
-        self.progress = progress or print_progress()
+        self.progress = progress or default_progress
         self.timeout = timeout
         self.started: Optional[float] = None  # the first round: the model was found loading
         self.rounds = 0
+        self.last: dict = {}
+
+    def finish(self) -> None:
+        """The model is ready: a default line says so (a caller's progress needs no word)."""
+        if self.rounds and self.progress is default_progress:
+            _default_finished(self.last, self.waited_s)
 
     @property
     def waited_s(self) -> float:
@@ -59,6 +109,7 @@ class LoadWait:
     def round(self, status: dict) -> None:
         self.started = self.started or time.monotonic()
         self.rounds += 1
+        self.last = status
         if status.get("error"):
             raise ClientError(describe(status))
         if self.waited_s > self.timeout:
@@ -79,3 +130,4 @@ def wait_embedded(engine, wait: LoadWait) -> None:
         except TimeoutError:
             continue
     engine.wait_ready()
+    wait.finish()

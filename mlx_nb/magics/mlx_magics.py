@@ -197,11 +197,16 @@ class MlxMagics(Magics):
         self._show(status_table(self.client.status(), self.client.backend))
 
     @magic_arguments(name="mlx cache")
-    @argument("--request", default=None, metavar="ID", help="a live request's cache (default: a fresh cache)")
+    @argument("--request", default=None, metavar="ID",
+              help="a live request's cache (default: the newest decoding request, else a fresh cache)")
     def _sub_cache(self, line: str, cell=None):
-        """The KV cache layer by layer: type, offset, shapes, dtype, bytes."""
+        """The KV cache by kind of layer: type, offset, shapes, dtype, bytes."""
         args = _parse(self._sub_cache, line)
-        self._show(cache_table(self.client.cache_layout(args.request)))
+        request = args.request
+        if request is None:
+            decoding = [r["id"] for r in self.client.status().get("requests", []) if r.get("phase") == "decode"]
+            request = decoding[-1] if decoding else None
+        self._show(cache_table(self.client.cache_layout(request)))
 
     @magic_arguments(name="mlx batch")
     def _sub_batch(self, line: str, cell=None):

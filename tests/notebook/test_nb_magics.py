@@ -284,11 +284,13 @@ def test_cache_of_a_live_request(ip, magics):
     ip.user_ns["rid"] = st.request_id
     try:
         _, cap = run(ip, "%mlx cache --request {rid}")
+        _, newest = run(ip, "%mlx cache")  # no id: the newest decoding request
     finally:
         st.abort()
         list(st)
     text = cap.outputs[0].data["text/plain"]
     assert st.request_id in text and "empty" not in text
+    assert st.request_id in newest.outputs[0].data["text/plain"]
 
 
 def test_batch_shows_a_visualizer(ip, magics):
