@@ -93,6 +93,8 @@ def rows(cache: Any) -> Optional[dict]:
     batch = arrays[0].shape[0] if arrays and arrays[0].ndim else 1
     padding = _ints(getattr(cache, "left_padding", None))
     if not hasattr(cache, "offset"):  # SSM-style state: one fixed block per row (none before the first token)
+        if not isinstance(getattr(cache, "cache", None), list):
+            return None  # a cache of another shape (e.g. a vision model's rope offsets): not drawn as rows
         n = batch if arrays else len(padding or [1])
         return {"rows": [{"padding": 0, "tokens": None} for _ in range(n)], "positions": None, "state": bool(arrays)}
     offsets = _ints(_offset(cache)) or [0]

@@ -1,9 +1,10 @@
 """What the picture widgets share: a toolbar with a one-line note, the SVG, a static copy of it in
 the display bundle, and closing cleanly (also when their cell runs again).
 
-The display bundle carries `text/html` (the current SVG) beside the widget view: JupyterLab shows
-the live widget, while places without a widget manager or trust (GitHub, nbviewer, an untrusted
-notebook, an nbconvert HTML export) show the picture instead of `BatchVisualizer(children=...)`.
+The display bundle carries `text/html` (the current SVG as an image) beside the widget view:
+JupyterLab shows the live widget, while places without a widget manager or trust (GitHub,
+nbviewer, an untrusted notebook, an nbconvert HTML export) show the picture instead of
+`BatchVisualizer(children=...)`.
 """
 
 from __future__ import annotations
@@ -39,5 +40,5 @@ class PictureWidget(W.VBox):
     def _repr_mimebundle_(self, **kwargs):
         data = super()._repr_mimebundle_(**kwargs)
         if data is not None and self.svg:
-            data["text/html"] = static_html(self.svg, self.note.value)
+            data["text/html"] = static_html(self.svg, self.note.value, alt=type(self).__name__)
         return data

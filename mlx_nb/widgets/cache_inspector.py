@@ -34,10 +34,9 @@ class CacheInspector(PictureWidget):
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         super().__init__([self.refresh_button], **kwargs)
+        self.refresh()  # drawn at once (also what a saved notebook shows), then kept up to date
         if auto_refresh:
             self.follow(request_id, interval)
-        else:
-            self.refresh()
 
     def refresh(self, request_id: Optional[str] = None) -> dict:
         """Redraw from the current layout; a finished request falls back to a fresh cache."""

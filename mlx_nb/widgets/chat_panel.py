@@ -89,7 +89,7 @@ class ChatPanel(W.VBox):
         self.model = W.Dropdown(options=self._model_options(), index=0, description="model", style=wide,
                                 tooltip=f"served by {backend}",
                                 layout=W.Layout(flex="1 1 220px", min_width="180px", max_width="380px"))
-        where = "embedded" if self.client.embedded else (urlsplit(backend).netloc or backend)
+        where = "embedded" if self.client.embedded else f"server {urlsplit(backend).netloc or backend}"
         self.backend_label = W.Label(where, tooltip=backend, layout=W.Layout(width="auto", max_width="160px"))
         self.temperature = W.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05, description="temperature",
                                          readout_format=".2f", style=wide,
@@ -117,7 +117,8 @@ class ChatPanel(W.VBox):
         row = dict(align_items="center", width="100%")
         header = W.HBox([self.model, self.backend_label, self.temperature, self.max_tokens],
                         layout=W.Layout(flex_flow="row wrap", **row))
-        footer = W.HBox([self.input, self.send_button, self.stop_button, self.upload], layout=W.Layout(**row))
+        footer = W.HBox([self.input, self.send_button, self.stop_button, self.upload],
+                        layout=W.Layout(flex_flow="row wrap", **row))
         status = W.HBox([self.speed, self.copy, self.clear_button], layout=W.Layout(**row))
         super().__init__([header, self.transcript, footer, status], **kwargs)
         adopt(self)

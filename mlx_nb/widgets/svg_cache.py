@@ -105,7 +105,7 @@ def grids(layers: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def _grid_title(grid: dict) -> str:
+def grid_title(grid: dict) -> str:
     batch, kind = grid["batch"], grid["type"]
     where = layer_span(grid["layers"])
     if grid["member"] is not None:
@@ -125,7 +125,7 @@ def _grid(grid: dict, y: float) -> tuple[str, float]:
     fill = color(kind)
     out = [f'<g class="grid" data-type="{escape(kind)}">',
            f'<text x="8" y="{y + 11:.0f}" font-size="11" font-weight="bold" fill="currentColor">'
-           f"{escape(_grid_title(grid))}</text>"]
+           f"{escape(grid_title(grid))}</text>"]
     y += 16
     positions = batch.get("positions") or 0
     cell = min(14.0, GRID_W / positions) if positions else 0.0

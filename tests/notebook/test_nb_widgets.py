@@ -11,6 +11,7 @@ import pytest
 from mlx_nb.client import Client
 from mlx_nb.client.content import request_source
 from mlx_nb.widgets import BatchVisualizer, CacheInspector, ChatPanel
+from mlx_nb.widgets.theme import svg_of
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,25 @@ def test_stop_button_aborts_a_running_reply(llama):
     assert reply.finish_reason == "abort" and 0 < tokens < 4000
     assert shown(panel.transcript.children[-1]).endswith("*[stopped]*")
     assert panel.speed.value.startswith(f"{tokens} tokens") and panel.speed.value.endswith("· stopped")
+
+
+def test_panel_waits_for_a_loading_model_showing_progress(monkeypatch):
+    """A question sent while the model loads: the reply's place shows the load, then the reply."""
+    import mlx_nb.models.loader as loader
+    from mlx_nb.engine import Engine
+
+    gate, real = threading.Event(), loader._load_text
+    monkeypatch.setattr(loader, "_load_text", lambda *a, **k: gate.wait(60) and real(*a, **k))
+    with Engine("tiny-llama") as engine:
+        panel = ChatPanel(Client(engine=engine), max_tokens=4)
+        panel.send("are you there?")
+        try:
+            assert until(lambda: shown(panel.transcript.children[-1]).startswith("⏳ loading tiny-llama: loading weights"))
+            assert panel.speed.value == "waiting for the model to load" and panel.busy
+        finally:
+            gate.set()
+        assert panel.wait(60) and panel.replies[-1].finish_reason in ("stop", "length")
+        assert not shown(panel.transcript.children[-1]).startswith("⏳")
 
 
 def test_stop_over_http_counts_what_arrived(live):
@@ -201,7 +221,8 @@ def test_widgets_carry_a_static_picture(llama):
     for widget in (BatchVisualizer(llama, live=False), CacheInspector(llama)):
         bundle = widget._repr_mimebundle_()
         assert "application/vnd.jupyter.widget-view+json" in bundle
-        assert bundle["text/html"].startswith('<div class="mlx-nb-static"><svg') and widget.svg in bundle["text/html"]
+        assert bundle["text/html"].startswith('<div class="mlx-nb-static"><img')
+        assert svg_of(bundle["text/html"]) == [widget.svg]
         widget.close()
 
 
