@@ -344,10 +344,14 @@ def test_lab_light_and_dark(lab, page):
         batch_svg = cells.nth(3).locator("svg.mlx-batch")
         _run_cell(page, cells.nth(3))  # re-run: the old visualizer must stop, not linger
         expect(batch_svg.locator("g.lane").first).to_be_visible(timeout=WAIT_S * MS)
-        _run_cell(page, cells.nth(5))
         threads = cells.nth(5).locator(".jp-OutputArea-output")
-        expect(threads).to_contain_text("mlx-nb-batch-visualizer", timeout=WAIT_S * MS)
-        names = threads.inner_text()
+        for _ in range(3):  # the old ones stop at once; a second look allows for the kernel's scheduling
+            _run_cell(page, cells.nth(5))
+            expect(threads).to_contain_text("mlx-nb-batch-visualizer", timeout=WAIT_S * MS)
+            names = threads.inner_text()
+            if names.count("mlx-nb-batch-visualizer") == 1 and names.count("mlx-nb-events") == 1:
+                break
+            page.wait_for_timeout(1000)
         assert names.count("mlx-nb-batch-visualizer") == 1 and names.count("mlx-nb-events") == 1, names
         _check_contrast(page, notebook, "light")
         _shot(page, "light-02-widgets")

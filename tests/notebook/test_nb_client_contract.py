@@ -117,7 +117,9 @@ def test_subscribe(live, client):
         if event["kind"] == "filter":
             arrived.set()
 
+    before = set(threading.enumerate())
     unsubscribe = client.subscribe(on_event, since=live.last_seq())
+    (reader,) = [t for t in threading.enumerate() if t not in before and t.name == "mlx-nb-events"]
     try:
         reply = client.chat("hi", max_tokens=3)
         assert arrived.wait(20), got
@@ -125,6 +127,8 @@ def test_subscribe(live, client):
         assert [e["seq"] for e in got] == sorted({e["seq"] for e in got})  # in order, none twice
     finally:
         unsubscribe()
+    reader.join(5)  # the stream is idle now: unsubscribing must not wait for the next keep-alive (15 s)
+    assert not reader.is_alive()
 
 
 def test_abort(live, client):
