@@ -1,7 +1,11 @@
 # Two entry points: `make lab` (JupyterLab serving the default model) and `make test` (the whole suite).
-# Both create .venv on first use and are safe to re-run.
+# Both create .venv on first use and are safe to re-run. Extra options go through ARGS:
+#   make lab ARGS="--port 9999 --MLXExtension.model=tiny-llama"
 # `make compat` re-measures every mlx-lm architecture and regenerates docs/compatibility.md.
 PY ?= python3
+ARGS ?=
+# Jupyter refuses to run as root without --allow-root; a fresh container or VM often is root.
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -21,7 +25,10 @@ system-deps:
 setup: system-deps $(STAMP)
 
 lab: setup
-	$(BIN)/jupyter lab
+ifneq ($(ROOT_FLAG),)
+	@echo "make lab: running as root, so adding --allow-root (Jupyter refuses root without it)"
+endif
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest

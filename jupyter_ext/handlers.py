@@ -76,6 +76,12 @@ class GenerateHandler(ProxyMixin, MLXHandler):
                 handle.abort()
         super().on_connection_close()
 
+    def source(self) -> str:
+        """Who asks, for the batch timeline: the X-MLX-Source header mlx_nb's Client sends, else the route."""
+        given = self.request.headers.get("X-MLX-Source", "").strip()
+        agent = self.request.headers.get("User-Agent", "").split(" ")[0]
+        return (given or f"route: {agent}".rstrip(": "))[:80]
+
     async def serving(self) -> Serving:
         if self.ext.remote is not None:
             return await self.ext.remote.serving(self.ext.server_defaults())
@@ -96,11 +102,13 @@ class GenerateHandler(ProxyMixin, MLXHandler):
                     if kw.get("messages") is not None:
                         kw["messages"] = await prefetch_remote_images(kw["messages"], engine.image_options)
 
+            source = self.source()
+
             def submit_all():
                 out = []
                 try:
                     for kw in requests:
-                        out.append(engine.submit(**kw))
+                        out.append(engine.submit(**kw, source=source))
                 except BaseException:
                     for handle in out:
                         handle.abort()

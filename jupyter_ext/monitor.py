@@ -34,14 +34,15 @@ class StatusHandler(MLXHandler):
 
 
 class CacheHandler(ProxyMixin, MLXHandler):
-    """The KV-cache layout: of a fresh cache, or of a live request's with `?request=ID`."""
+    """The KV-cache layout: of a fresh cache, or of a live request's with `?request_id=ID`
+    (`?request=ID` too, as earlier clients sent it); an id that is not live is a 404."""
 
     @web.authenticated
     @authorized
     async def get(self):
-        request_id = self.get_argument("request", None) or None
+        request_id = self.get_argument("request_id", None) or self.get_argument("request", None) or None
         if self.ext.remote is not None:
-            return await self.proxy_get("cache", {"request": request_id} if request_id else None, "cache layout")
+            return await self.proxy_get("cache", {"request_id": request_id} if request_id else None, "cache layout")
         engine = self.ready_engine()
         try:
             self.write_json(await asyncio.to_thread(engine.cache_layout, request_id))

@@ -31,3 +31,10 @@ def load_ipython_extension(ip):
     from mlx_nb.magics import load_ipython_extension as load
 
     load(ip)
+
+
+def unload_ipython_extension(ip):
+    """`%unload_ext mlx_nb`: takes back what loading added besides the magics."""
+    from mlx_nb.magics import unload_ipython_extension as unload
+
+    unload(ip)

@@ -6,6 +6,10 @@
 Sources are jupytext percent-format scripts (reviewable diffs); the executed .ipynb files next to
 them are what nbval checks in the test command. MLX_NB_NO_STREAM=1 makes %%mlx chat emit one final
 display, because nbval ignores display updates.
+
+Widget state is not stored, as JupyterLab saves notebooks by default: a widget's output then keeps
+its static picture (text/html beside the widget view), which is what GitHub, nbviewer, an HTML
+export and an untrusted notebook show.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ def build(src: Path) -> Path:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     os.environ["MLX_NB_NO_STREAM"] = "1"
     t = time.time()
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    NotebookClient(nb, timeout=600, kernel_name="python3", store_widget_state=False,
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
     out = ROOT / f"{src.stem}.ipynb"
     nbformat.write(nb, out)
     print(f"{out.name}: {time.time() - t:.0f} s")

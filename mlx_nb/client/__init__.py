@@ -10,6 +10,7 @@ from mlx_nb.client.streams import (
     ClientError,
     MlxConnectionError,
 )
+from mlx_nb.client.waiting import ModelLoadingError
 
 __all__ = [
     "AsyncChatStream",
@@ -18,6 +19,7 @@ __all__ = [
     "Client",
     "ClientError",
     "MlxConnectionError",
+    "ModelLoadingError",
     "build_messages",
     "close_engines",
     "image_url",

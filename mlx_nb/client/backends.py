@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Optional
@@ -20,6 +21,8 @@ from mlx_nb.client.streams import (
     _Stream,
     _usage,
 )
+from mlx_nb.client.content import request_source
+from mlx_nb.client.waiting import LoadWait, ModelLoadingError, wait_embedded
 
 # -- shared embedded engines ----------------------------------------------------------------
 _ENGINES: dict[str, Any] = {}
@@ -66,16 +69,21 @@ class _Embedded:
             raise ClientError(f"this client is bound to an Engine serving {self.fixed.model_name}, not {model}")
         return self.fixed
 
-    def open(self, st: ChatStream, messages: list, params: dict):
-        handle = self.engine(st.model).submit(messages=messages, **params)
+    def open(self, st: ChatStream, messages: list, params: dict, wait: LoadWait):
+        eng = self.engine(st.model)
+        if not eng.ready:
+            wait_embedded(eng, wait)
+            st._restart_clock()
+        handle = eng.submit(messages=messages, **params)
         st._opened(handle.id, handle.abort, drains=True)
         return ((d.text, d.finish_reason, _usage(d.usage), d.error) for d in handle)
 
-    async def aopen(self, st: AsyncChatStream, messages: list, params: dict):
+    async def aopen(self, st: AsyncChatStream, messages: list, params: dict, wait: LoadWait):
         st.model = st.model or self.default_model()
         eng = self.engine(st.model)
         if not eng.ready:
-            await asyncio.to_thread(eng.wait_ready)
+            await asyncio.to_thread(wait_embedded, eng, wait)
+            st._restart_clock()
         # submit templates, tokenizes and decodes images: off the event loop
         handle = await asyncio.to_thread(eng.submit, messages=messages, **params)
         st._opened(handle.id, handle.abort, drains=True)
@@ -97,9 +105,22 @@ def _translated(url: str):
             f"cannot reach {url} ({cause}): is Jupyter running with mlx_nb? check MLX_NB_URL or %mlx connect"
         ) from None
     except openai.APIStatusError as exc:
-        raise ClientError(f"{url} answered {exc.status_code}: {_error_text(exc.body) or exc.message}") from None
+        raise _status_error(url, exc.status_code, exc.body, exc.response.headers) from None
     except openai.APIError as exc:
         raise ClientError(_error_text(exc.body) or exc.message) from None
+
+
+def _status_error(url: str, status: int, body, headers) -> ClientError:
+    """An error status -> ModelLoadingError (503 `model_loading`, with its Retry-After) or ClientError."""
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    text = _error_text(body) or f"HTTP {status}"
+    if status == 503 and isinstance(inner, dict) and inner.get("code") == "model_loading":
+        try:
+            retry = float(headers.get("retry-after") or 2.0)
+        except ValueError:
+            retry = 2.0
+        return ModelLoadingError(f"{url}: {text}", retry_after=min(max(retry, 0.1), 30.0))
+    return ClientError(f"{url} answered {status}: {text}")
 
 
 def _error_text(body: Any) -> str:
@@ -122,7 +143,7 @@ class _Remote:
         # openai.Timeout is the Timeout of the HTTP library this SDK runs on (httpx, or its fork
         # httpx2 from openai 3 on): each SDK rejects the other library's objects
         return dict(base_url=self.url, api_key=self.api_key or "none", max_retries=0,
-                    timeout=openai.Timeout(600.0, connect=5.0))
+                    timeout=openai.Timeout(600.0, connect=5.0), default_headers={"X-MLX-Source": request_source()})
 
     @property
     def sync(self):
@@ -161,17 +182,17 @@ class _Remote:
                           headers=self.headers, timeout=httpx.Timeout(10.0, connect=5.0))
         if r.status_code >= 400:
             try:
-                detail = _error_text(r.json())
+                body = r.json()
             except ValueError:
-                detail = r.text[:200]
-            raise ClientError(f"{self.url}/{path} answered {r.status_code}: {detail}")
+                body = r.text[:200]
+            raise _status_error(f"{self.url}/{path}", r.status_code, body, r.headers)
         return r.json()
 
-    def subscribe(self, callback, since: int) -> Callable[[], None]:
+    def subscribe(self, callback, since: int, on_state=None) -> Callable[[], None]:
         """Read the `events` SSE route on a thread: `callback(event)` for each event after `since`."""
         from mlx_nb.client.event_stream import EventStream
 
-        return EventStream(f"{self.url}/events", self.headers, since, callback).close
+        return EventStream(f"{self.url}/events", self.headers, since, callback, on_state).close
 
     @staticmethod
     def _request(st: _Stream, messages: list, params: dict) -> dict:
@@ -187,9 +208,25 @@ class _Remote:
         text = (choice.delta.content or "") if choice is not None and choice.delta is not None else ""
         return text, choice.finish_reason if choice is not None else None, _usage(chunk.usage), None
 
-    def open(self, st: ChatStream, messages: list, params: dict):
-        with _translated(self.url):
-            resp = self.sync.chat.completions.create(**self._request(st, messages, params))
+    def load_status(self) -> dict:
+        """The status route's answer (it answers while the model loads), or what little we know."""
+        try:
+            return self.get("status")
+        except ClientError:
+            return {}
+
+    def open(self, st: ChatStream, messages: list, params: dict, wait: LoadWait):
+        request = self._request(st, messages, params)
+        while True:
+            try:
+                with _translated(self.url):
+                    resp = self.sync.chat.completions.create(**request)
+                break
+            except ModelLoadingError as exc:  # wait, saying what the load does, then ask again
+                wait.round(self.load_status() or {"model": st.model})
+                time.sleep(exc.retry_after)
+                st._restart_clock()
+        wait.finish()
         st._opened(None, resp.close)  # closing the stream makes the server abort the request
         return self._chunks(st, resp)
 
@@ -201,10 +238,20 @@ class _Remote:
         finally:
             resp.close()
 
-    async def aopen(self, st: AsyncChatStream, messages: list, params: dict):
+    async def aopen(self, st: AsyncChatStream, messages: list, params: dict, wait: LoadWait):
         with _translated(self.url):
             st.model = st.model or await asyncio.to_thread(self.default_model)
-            resp = await self.asyncclient().chat.completions.create(**self._request(st, messages, params))
+        request = self._request(st, messages, params)
+        while True:
+            try:
+                with _translated(self.url):
+                    resp = await self.asyncclient().chat.completions.create(**request)
+                break
+            except ModelLoadingError as exc:
+                wait.round(await asyncio.to_thread(self.load_status) or {"model": st.model})
+                await asyncio.sleep(exc.retry_after)
+                st._restart_clock()
+        wait.finish()
         st._opened(None, lambda: None)  # the reader sees `aborted` at the next chunk and closes
         try:
             with _translated(self.url):

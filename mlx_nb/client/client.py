@@ -9,11 +9,12 @@ A stream starts its request when created, so bad input fails before anything is 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Optional
 
 from mlx_nb.client import backends
 from mlx_nb.client.backends import _Embedded, _Remote
-from mlx_nb.client.content import build_messages
+from mlx_nb.client.content import build_messages, request_source
 from mlx_nb.client.streams import (
     AsyncChatStream,
     ChatReply,
@@ -21,19 +22,26 @@ from mlx_nb.client.streams import (
     ClientError,
     _Stream,
 )
+from mlx_nb.client.waiting import DEFAULT_LOAD_TIMEOUT_S, LoadWait, Progress, wait_embedded
+
+STATUS_POLL_S = 1.0  # how often wait_ready asks a server whether its model has loaded
 
 
 class Client:
     """`Client()` -> the server's engine if MLX_NB_URL is set, else an embedded one in this process."""
 
     def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, model: Optional[str] = None,
-                 *, embedded: bool = False, engine: Any = None):
-        """`embedded=True` ignores MLX_NB_URL; `engine=` talks to that Engine (e.g. one a tutorial made)."""
+                 *, embedded: bool = False, engine: Any = None, load_timeout: float = DEFAULT_LOAD_TIMEOUT_S):
+        """`embedded=True` ignores MLX_NB_URL; `engine=` talks to that Engine (e.g. one a tutorial made).
+
+        A request to a model that is still loading waits for it (up to `load_timeout` s), reporting
+        the load's progress to the call's `progress(status)` (default: a line on stderr per phase)."""
         if url is None and not embedded and engine is None:
             url = os.environ.get("MLX_NB_URL") or None
             api_key = api_key or os.environ.get("MLX_NB_TOKEN")
         self._backend = _Remote(url.rstrip("/"), api_key) if url else _Embedded(engine)
         self.model = model
+        self.load_timeout = load_timeout
         self._live: dict[str, _Stream] = {}
 
     @property
@@ -55,34 +63,60 @@ class Client:
             raise ClientError(f"this client talks to {self.backend}, not to an in-process engine")
         return self._backend.engine(self.model_name())
 
-    def load(self, model: Optional[str] = None) -> "Client":
-        """Make `model` this client's default; embedded: wait until its engine has loaded it."""
+    def load(self, model: Optional[str] = None, progress: Optional[Progress] = None) -> "Client":
+        """Make `model` this client's default and wait until it has loaded (a bad name raises; the
+        old model stays). Over HTTP the server serves what it serves: `model` must be one of them."""
         model = model or self.model
-        if self.embedded:
-            self._backend.engine(self.model_name(model)).wait_ready()  # a bad name raises; the old model stays
+        if not self.embedded:
+            served = self.models()
+            if model is not None and model not in served:
+                raise ClientError(f"{self.backend} serves {', '.join(served) or 'no model'}, not {model}: "
+                                  "pick one of those, or start the server with --MLXExtension.model=...")
+        self.wait_ready(progress=progress, model=model)
         self.model = model
         return self
+
+    def wait_ready(self, timeout: Optional[float] = None, progress: Optional[Progress] = None,
+                   model: Optional[str] = None) -> "Client":
+        """Block until the model has loaded, calling `progress(status)` meanwhile; a failed load raises."""
+        wait = LoadWait(progress, self.load_timeout if timeout is None else timeout)
+        if self.embedded:
+            wait_embedded(self._backend.engine(self.model_name(model)), wait)
+            return self
+        while True:
+            status = self.status()
+            if status.get("ready"):
+                wait.finish()
+                return self
+            wait.round(status)
+            time.sleep(STATUS_POLL_S)
+
+    def _wait(self, progress: Optional[Progress]) -> LoadWait:
+        return LoadWait(progress, self.load_timeout)
 
     # -- chat ---------------------------------------------------------------------------------
     @staticmethod
     def _params(max_tokens, temperature, top_p, stop, seed) -> dict:
         return dict(max_tokens=max_tokens, temperature=temperature, top_p=1.0 if top_p is None else top_p,
-                    stop=stop, seed=seed)
+                    stop=stop, seed=seed, source=request_source())
 
     def stream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
-               stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None) -> ChatStream:
-        """Start a request; iterate the returned ChatStream for text chunks."""
+               stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
+               progress: Optional[Progress] = None) -> ChatStream:
+        """Start a request (waiting for a loading model first); iterate the ChatStream for text chunks."""
         messages = build_messages(messages_or_text, system, images)
         params = self._params(max_tokens, temperature, top_p, stop, seed)
-        return ChatStream(self, self.model_name(model), lambda st: self._backend.open(st, messages, params))
+        wait = self._wait(progress)
+        return ChatStream(self, self.model_name(model), lambda st: self._backend.open(st, messages, params, wait))
 
     def chat(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
              max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None, stop: Any = None,
-             seed: Optional[int] = None, stream: bool = False, model: Optional[str] = None):
+             seed: Optional[int] = None, stream: bool = False, model: Optional[str] = None,
+             progress: Optional[Progress] = None):
         """The whole ChatReply, or with stream=True a ChatStream of text chunks."""
         st = self.stream(messages_or_text, system=system, images=images, max_tokens=max_tokens,
-                         temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model)
+                         temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model, progress=progress)
         if stream:
             return st
         for _ in st:
@@ -91,19 +125,23 @@ class Client:
 
     def astream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                 max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
-                stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None) -> AsyncChatStream:
+                stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
+                progress: Optional[Progress] = None) -> AsyncChatStream:
         """`async for chunk in client.astream(...)`: never blocks the event loop."""
         messages = build_messages(messages_or_text, system, images)
         params = self._params(max_tokens, temperature, top_p, stop, seed)
+        wait = self._wait(progress)
         # the model may be resolved later, in aopen: asking a server for its models must not block the loop
-        return AsyncChatStream(self, model or self.model, lambda st: self._backend.aopen(st, messages, params))
+        return AsyncChatStream(self, model or self.model, lambda st: self._backend.aopen(st, messages, params, wait))
 
     async def achat(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                     max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
-                    stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None) -> ChatReply:
+                    stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
+                    progress: Optional[Progress] = None) -> ChatReply:
         """Awaitable chat; several at once (asyncio.gather) share the engine's batch."""
         st = self.astream(messages_or_text, system=system, images=images, max_tokens=max_tokens,
-                          temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model)
+                          temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model,
+                          progress=progress)
         async for _ in st:
             pass
         return st.reply
@@ -123,6 +161,7 @@ class Client:
         return self.engine.status() if self.embedded else self._backend.get("status")
 
     def cache_layout(self, request_id: Optional[str] = None) -> dict:
+        """A live request's KV cache layer by layer (or a fresh cache's); an unknown id raises ClientError."""
         if not self.embedded:
             return self._backend.get("cache", request_id=request_id)
         try:
@@ -136,13 +175,15 @@ class Client:
         body = self._backend.get("events", since=since, stream=0)
         return body.get("events", body.get("data", [])) if isinstance(body, dict) else body
 
-    def subscribe(self, callback: Callable[[dict], None], since: int = 0) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[dict], None], since: int = 0,
+                  on_state: Optional[Callable[[str], None]] = None) -> Callable[[], None]:
         """`callback(event_dict)` for each new BatchEvent; returns the unsubscribe function.
 
         Embedded: called on the engine thread, from now on (keep it quick). Over HTTP: called on a
-        reader thread of the `events` SSE route, for every event after `since`."""
+        reader thread of the `events` SSE route, for every event after `since`; `on_state(message)`
+        hears of connection trouble ("" once connected), retried with backoff, or final (401/404)."""
         if not self.embedded:
-            return self._backend.subscribe(callback, since)
+            return self._backend.subscribe(callback, since, on_state)
         return self.engine.subscribe(lambda event: callback(event.to_dict()))
 
     def models(self) -> list[str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import io
 import mimetypes
+import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -60,3 +62,16 @@ def build_messages(messages_or_text: Any, system: Optional[str] = None, images: 
         parts = [{"type": "image_url", "image_url": {"url": image_url(im)}} for im in images]
         messages[users[-1]] = {**msg, "content": parts + text}
     return messages
+
+
+def request_source() -> str:
+    """Who is asking, for the batch timeline: `notebook NAME` in a Jupyter kernel (the server names
+    a kernel's notebook in JPY_SESSION_NAME), `ipython` in another IPython shell, else `python`.
+    ASCII, so it fits an HTTP header."""
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    if shell is None:
+        return "python"
+    if type(shell).__name__ != "ZMQInteractiveShell":
+        return "ipython"
+    name = os.path.basename(os.environ.get("JPY_SESSION_NAME", ""))
+    return f"notebook {name}".strip().encode("ascii", "replace").decode()[:80]

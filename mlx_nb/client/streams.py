@@ -74,6 +74,10 @@ class _Stream:
         if self.aborted:  # Stop pressed before the request started
             abort_fn()
 
+    def _restart_clock(self) -> None:
+        """The request really starts now (after waiting for the model to load): time from here."""
+        self._t0 = time.perf_counter()
+
     def _set_id(self, request_id: str) -> None:
         self.request_id = request_id
         self.client._live[request_id] = self
@@ -91,6 +95,10 @@ class _Stream:
         self.client._live.pop(self.request_id, None)
         if self.finish_reason is None and self.aborted:
             self.finish_reason = "abort"
+        if not self.usage.get("completion_tokens") and self._parts:
+            # A stream closed early (Stop over HTTP) never receives the final usage: each chunk
+            # carried about one token, so count those, and say the count is an estimate.
+            self.usage = {**self.usage, "completion_tokens": len(self._parts), "estimated": True}
 
     def _check(self) -> None:
         if self.finish_reason == "error" or (self.error and self.finish_reason != "abort"):

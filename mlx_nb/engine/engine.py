@@ -16,7 +16,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from mlx_nb.engine import workers
-from mlx_nb.engine.events import EventLog
+from mlx_nb.engine.events import EventLog, prompt_snippet
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
 from mlx_nb.engine.layout import describe_layers
@@ -28,6 +28,7 @@ from mlx_nb.engine.prompts import encode_prompt, render_chat
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
 from mlx_nb.engine.types import Request, RequestError, SamplingParams
+from mlx_nb.models.progress import LoadProgress
 
 __all__ = ["Engine", "EngineClosedError"]
 
@@ -81,8 +82,9 @@ class Engine:
         if batch_policy not in (None, "batched", "prefill_alone"):
             raise ValueError(f"batch_policy must be None, 'batched' or 'prefill_alone', not {batch_policy!r}")
         self.memory_options = dict(memory_limit=memory_limit, buffer_cache_bytes=buffer_cache_bytes)
+        self.load_progress = LoadProgress()  # the load's phase, for status() while it runs
         self._loop = EngineLoop(self.model_name, self.options, self.prefix_options, self.memory_options,
-                                self.event_log, batch_policy)
+                                self.event_log, batch_policy, self.load_progress)
         self._started = time.time()
         self._ids = itertools.count(1)
         self._job = workers.start(self._loop.run)
@@ -157,6 +159,7 @@ class Engine:
         sampler: Optional[Callable] = None,
         chat_template_kwargs: Optional[dict] = None,
         request_id: Optional[str] = None,
+        source: Optional[str] = None,
     ) -> RequestHandle:
         """Validate, template and queue a request; returns at once with its handle.
 
@@ -165,6 +168,8 @@ class Engine:
         this request alone with finish_reason "error". `max_tokens` None means the rest of the
         context; a budget larger than what fits after the prompt is clamped to it (`handle.max_tokens`
         says what was granted).
+        `source` says who asked (e.g. "notebook 02-chats.ipynb", "route: OpenAI/Python"): batch events
+        carry it, with the prompt's first words, so a timeline can say which lane is whose.
         """
         self._check_open()
         self.wait_ready()
@@ -192,7 +197,7 @@ class Engine:
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
                           chat_template_kwargs=dict(chat_template_kwargs or {}))
-        images, extra = [], {}
+        images, extra = [], {"source": source or "python", "label": prompt_snippet(messages, prompt)}
         if loaded.kind == "vision":  # every request to a vision model, text-only ones too
             from mlx_nb.engine.vision import prepare_vision_request
 
@@ -277,6 +282,7 @@ class Engine:
             "error": None if self.load_error is None else str(self.load_error),
             "uptime_s": time.time() - self._started,
             "runtime": self._loop.runtime,
+            "load": self.load_progress.to_dict(),
         }
         if not self.ready:
             return {**base, "requests": [], "batch_size": 0, "queue_length": 0}

@@ -27,6 +27,20 @@ class BatchEvent:
         return asdict(self)
 
 
+def prompt_snippet(messages, prompt, limit: int = 48) -> str:
+    """The last user message's (or the prompt's) first words, one line: how a timeline names a lane."""
+    text = prompt if isinstance(prompt, str) else ""
+    for message in reversed(messages or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # text parts only: an image has no words
+                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            text = content if isinstance(content, str) else ""
+            break
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class EventLog:
     def __init__(self, capacity: int = 4096):
         self._events: deque[BatchEvent] = deque(maxlen=capacity)

@@ -31,13 +31,14 @@ class EngineClosedError(RuntimeError):
 
 class EngineLoop:
     def __init__(self, model_name: str, options: dict, prefix_options: dict, memory_options: dict,
-                 event_log: EventLog, forced_policy: Optional[str] = None):
+                 event_log: EventLog, forced_policy: Optional[str] = None, load_progress=None):
         self.model_name = model_name
         self.options = options
         self.prefix_options = prefix_options
         self.memory_options = memory_options
         self.event_log = event_log
         self.forced_policy = forced_policy
+        self.load_progress = load_progress  # a models.progress.LoadProgress the loader reports into
         self.policy = None  # how the model batches (engine/batchability.py), set at load
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = threading.Event()
@@ -55,18 +56,24 @@ class EngineLoop:
 
     # -- the engine thread -------------------------------------------------------------------
     def run(self) -> None:
+        from mlx_nb.models.progress import LoadProgress, reporting
+
         self.thread = threading.current_thread()
+        progress = self.load_progress or LoadProgress()
         try:
-            self._load()
+            with reporting(progress):
+                self._load()
         except BaseException as exc:  # reported to every caller through Engine.wait_ready()
             from mlx_nb.models.loader import ModelLoadError
 
             self.load_error = exc if isinstance(exc, ValueError) else ModelLoadError(
                 f"could not load {self.model_name}: {type(exc).__name__}: {first_line(exc)}"
             )
+            progress.finish("failed")
             self.ready.set()
             self._release()
             return
+        progress.finish("ready")
         self.ready.set()
         try:
             self._serve()

@@ -121,6 +121,8 @@ class BatchRunner:
             cached_tokens=live.cached_tokens,
             prefix_hit=live.extra.get("prefix_hit"),
             cache_types=[cache_type_name(c) for c in caches] if caches else None,
+            source=live.extra.get("source"),
+            label=live.extra.get("label"),
         )
 
     @staticmethod

@@ -1,13 +1,15 @@
 """The pieces of `%%mlx chat`: `{var}` interpolation, the conversation, live rendering, the cell value.
 
-Rendering has three modes: `live` (one Markdown display updated at a throttled rate: Jupyter),
-`final` (one display at the end: nbval ignores update_display_data, MLX_NB_NO_STREAM=1) and
-`terminal` (plain text deltas printed as they come: terminal IPython prints every update in full).
+Rendering has three modes: `live` (one display, a waiting line until the first token, then the
+Markdown answer updated at a throttled rate: Jupyter), `final` (one display at the end: nbval
+ignores update_display_data, MLX_NB_NO_STREAM=1) and `terminal` (plain text deltas printed as
+they come: terminal IPython prints every update in full). All end with a one-line footer.
 Markdown is always `mlx_nb.safe_markdown`'s: the model's HTML shows as text, never runs.
 """
 
 from __future__ import annotations
 
+import html
 import re
 import sys
 import time
@@ -102,39 +104,104 @@ class ChatAnswer(str):
         display(markdown_bundle(str(self)), raw=True)
 
 
-def render(stream, mode: str, hz: float = 10.0) -> str:
-    """Show the chunks of `stream` as they arrive; returns the whole text."""
-    parts: list[str] = []
-    if mode == "terminal":
-        try:
-            for chunk in stream:
-                parts.append(chunk)
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
-        finally:
-            sys.stdout.write("\n")
-        return "".join(parts)
-    if mode == "final":
-        try:
-            for chunk in stream:
-                parts.append(chunk)
-        finally:
-            _display_markdown("".join(parts))
-        return "".join(parts)
-    from IPython.display import display
+class ChatView:
+    """How one `%%mlx chat` answer is shown: a waiting line (with load progress) until the first
+    token, the streamed answer, then a footer (model · tokens · tok/s · seconds)."""
 
-    handle = display(markdown_bundle(""), raw=True, display_id=True)
-    period, last = 1.0 / hz, time.monotonic()
-    try:
-        for chunk in stream:
-            parts.append(chunk)
-            now = time.monotonic()
-            if now - last >= period:
-                handle.update(markdown_bundle("".join(parts)), raw=True)
-                last = now
-    finally:  # the last update holds the whole text, also after an interrupt or an error
-        handle.update(markdown_bundle("".join(parts)), raw=True)
-    return "".join(parts)
+    def __init__(self, mode: str, hz: float = 10.0):
+        self.mode, self.period = mode, 1.0 / hz
+        self.handle = None
+        self._last_line = ""
+
+    def waiting(self, line: str) -> None:
+        """Show (or replace) the line that stands where the answer will appear."""
+        if self.mode == "live":
+            from IPython.display import display
+
+            if self.handle is None:
+                self.handle = display(_status_bundle(line), raw=True, display_id=True)
+            else:
+                self.handle.update(_status_bundle(line), raw=True)
+        elif self.mode == "terminal" and line != self._last_line:
+            print(line, file=sys.stderr, flush=True)
+        self._last_line = line
+
+    def loading(self, status: dict) -> None:
+        """A `progress` callback for the Client: the load's phase in the waiting line."""
+        from mlx_nb.models.progress import describe
+
+        self.waiting(f"⏳ {describe(status)}")
+
+    def withdraw(self) -> None:
+        """The request failed before any answer: take the waiting line away."""
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+
+    def render(self, stream) -> str:
+        """Show the chunks of `stream` as they arrive; returns the whole text."""
+        parts: list[str] = []
+        if self.mode == "terminal":
+            try:
+                for chunk in stream:
+                    parts.append(chunk)
+                    sys.stdout.write(chunk)
+                    sys.stdout.flush()
+            finally:
+                sys.stdout.write("\n")
+            return "".join(parts)
+        if self.mode == "final":
+            try:
+                for chunk in stream:
+                    parts.append(chunk)
+            finally:
+                _display_markdown("".join(parts))
+            return "".join(parts)
+        if self.handle is None:
+            self.waiting("⏳ waiting for the first token")
+        last = time.monotonic()
+        try:
+            for chunk in stream:
+                parts.append(chunk)
+                now = time.monotonic()
+                if now - last >= self.period:
+                    self.handle.update(markdown_bundle("".join(parts)), raw=True)
+                    last = now
+        finally:  # the last update holds the whole text, also after an interrupt or an error
+            self.handle.update(markdown_bundle("".join(parts)), raw=True)
+        return "".join(parts)
+
+    def footer(self, reply) -> None:
+        """model · tokens · tok/s · seconds, under the answer."""
+        if reply is None:
+            return
+        line = footer_line(reply)
+        if self.mode == "terminal":
+            print(line, file=sys.stderr, flush=True)
+            return
+        from IPython.display import display
+
+        display({"text/html": f"<div class='mlx-nb-footer' style='opacity:.65;font-size:85%'>{html.escape(line)}</div>",
+                 "text/plain": line}, raw=True)
+
+
+def footer_line(reply) -> str:
+    """`smollm2-135m-instruct · 12 tokens · 34.5 tok/s · 0.8 s` (and why it stopped, unless it just ended)."""
+    tokens = reply.usage.get("completion_tokens") or 0
+    about = "≈" if reply.usage.get("estimated") else ""
+    parts = [reply.model or "?", f"{about}{tokens} token{'s' if tokens != 1 else ''}"]
+    if reply.tokens_per_s:
+        parts.append(f"{reply.tokens_per_s:.1f} tok/s")
+    parts.append(f"{reply.elapsed_s or 0:.1f} s")
+    if reply.finish_reason not in ("stop", None):
+        parts.append({"length": "stopped at max tokens", "abort": "stopped"}.get(reply.finish_reason,
+                                                                                 reply.finish_reason))
+    return " · ".join(parts)
+
+
+def _status_bundle(line: str) -> dict:
+    """Our own status line (not model output): dimmed HTML, with a plain-text twin."""
+    return {"text/html": f"<div class='mlx-nb-waiting' style='opacity:.65'>{html.escape(line)}</div>",
+            "text/plain": line}
 
 
 def _display_markdown(text: str) -> None:

@@ -17,9 +17,12 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.utils.process import arg_split
 from traitlets import Float, Int, Unicode, observe
 
-from mlx_nb.magics.chat import ChatAnswer, Conversation, interpolate, render
+from mlx_nb.client.waiting import print_progress
+from mlx_nb.magics.chat import ChatAnswer, ChatView, Conversation, interpolate
 from mlx_nb.magics.tables import cache_table, models_table, status_table
 
+NO_QUESTION = ("no question: write it on the lines below `%%mlx chat` (options go on that line: "
+               "-s SYSTEM, -n MAX_TOKENS, -t TEMPERATURE, -i IMAGE, --new; %mlx help lists them)")
 SUBCOMMANDS = ["chat", "load", "models", "status", "cache", "batch", "connect", "disconnect", "reset", "help"]
 
 
@@ -105,6 +108,8 @@ class MlxMagics(Magics):
             sub, rest = "chat", line
         if sub not in SUBCOMMANDS:
             raise UsageError(f"unknown subcommand {sub!r}: one of {', '.join(SUBCOMMANDS)} (%mlx help)")
+        if cell is not None and not cell.strip() and sub != "chat":
+            cell = None  # `%%mlx status` with nothing below: the line magic was meant
         if cell is not None and sub != "chat":
             raise UsageError(f"%%mlx {sub} takes no cell body: use %mlx {sub}, or %%mlx chat for a question")
         return getattr(self, f"_sub_{sub}")(rest, cell)
@@ -125,24 +130,33 @@ class MlxMagics(Magics):
             raise UsageError(f"unexpected {' '.join(args.prompt)!r} after the options: put the question in the cell")
         prompt = (interpolate(cell, self.shell.user_ns) if cell is not None else " ".join(args.prompt)).strip()
         if not prompt:
-            raise UsageError("no question: write it in the cell below %%mlx chat")
+            raise UsageError(NO_QUESTION)
         if args.new:
             self.conversation.clear()
         if args.system:
             self.conversation.system = args.system
-        stream = self.client.stream(
-            self.conversation.messages(prompt),
-            images=args.image or None,
-            max_tokens=self.max_tokens if args.max_tokens is None else args.max_tokens,
-            temperature=self.temperature if args.temperature is None else args.temperature,
-            model=args.model,
-        )
+        view = ChatView(self._mode(), self.update_hz)
+        if self._mode() == "live":
+            view.waiting(f"⏳ waiting for {args.model or self.client.model or 'the model'}")
         try:
-            text = render(stream, self._mode(), self.update_hz)
+            stream = self.client.stream(
+                self.conversation.messages(prompt),
+                images=args.image or None,
+                max_tokens=self.max_tokens if args.max_tokens is None else args.max_tokens,
+                temperature=self.temperature if args.temperature is None else args.temperature,
+                model=args.model,
+                progress=view.loading,
+            )
+        except BaseException:
+            view.withdraw()
+            raise
+        try:
+            text = view.render(stream)
         except KeyboardInterrupt:
             self._fail(f"interrupted: request {stream.request_id} aborted")
             return None
         reply = stream.reply
+        view.footer(reply)
         if reply is not None and reply.finish_reason != "abort":
             self.conversation.add(prompt, text)
         return ChatAnswer(text, reply, self.shell.execution_count)
@@ -161,11 +175,12 @@ class MlxMagics(Magics):
         """Make MODEL this notebook's model (embedded: load it now)."""
         args = _parse(self._sub_load, line)
         if not self.client.embedded:
-            self.model = self.client.model = args.model
+            self.client.load(args.model, progress=print_progress(sys.stdout))
+            self.model = args.model
             self._say(f"using {args.model} on {self.client.backend}")
             return
         self._say(f"loading {args.model} ...")
-        engine = self.client.load(args.model).engine
+        engine = self.client.load(args.model, progress=print_progress(sys.stdout)).engine
         self.model = args.model
         self._say(f"{args.model} ready ({engine.loaded.kind}, context {engine.loaded.context_length} tokens)")
 
@@ -182,11 +197,16 @@ class MlxMagics(Magics):
         self._show(status_table(self.client.status(), self.client.backend))
 
     @magic_arguments(name="mlx cache")
-    @argument("--request", default=None, metavar="ID", help="a live request's cache (default: a fresh cache)")
+    @argument("--request", default=None, metavar="ID",
+              help="a live request's cache (default: the newest decoding request, else a fresh cache)")
     def _sub_cache(self, line: str, cell=None):
-        """The KV cache layer by layer: type, offset, shapes, dtype, bytes."""
+        """The KV cache by kind of layer: type, offset, shapes, dtype, bytes."""
         args = _parse(self._sub_cache, line)
-        self._show(cache_table(self.client.cache_layout(args.request)))
+        request = args.request
+        if request is None:
+            decoding = [r["id"] for r in self.client.status().get("requests", []) if r.get("phase") == "decode"]
+            request = decoding[-1] if decoding else None
+        self._show(cache_table(self.client.cache_layout(request)))
 
     @magic_arguments(name="mlx batch")
     def _sub_batch(self, line: str, cell=None):
@@ -248,5 +268,20 @@ class MlxMagics(Magics):
         display(obj)
 
 
+def give_empty_cells_a_body(lines: list[str]) -> list[str]:
+    """IPython refuses a cell magic whose body is empty before calling it, with a generic message;
+    a `%%mlx ...` cell with nothing below gets a blank body instead, so %mlx explains itself."""
+    if lines and lines[0].startswith("%%mlx") and not "".join(lines[1:]).strip():
+        return [lines[0].rstrip("\n") + "\n", "\n"]
+    return lines
+
+
 def load_ipython_extension(ip) -> None:
     ip.register_magics(MlxMagics)
+    if give_empty_cells_a_body not in ip.input_transformers_cleanup:
+        ip.input_transformers_cleanup.append(give_empty_cells_a_body)
+
+
+def unload_ipython_extension(ip) -> None:
+    if give_empty_cells_a_body in ip.input_transformers_cleanup:
+        ip.input_transformers_cleanup.remove(give_empty_cells_a_body)

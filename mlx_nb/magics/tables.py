@@ -48,11 +48,12 @@ def _cell(v: Any) -> str:
 def status_table(status: dict, backend: str) -> Table:
     mem = status.get("memory") or {}
     policy = status.get("policy") or {}
+    from mlx_nb.models.progress import describe
+
     rows = [
         ["backend", backend],
         ["model", status.get("model")],
-        ["state", "loading" if status.get("loading") else ("error: " + str(status["error"])) if status.get("error")
-         else "ready"],
+        ["state", describe(status) if status.get("loading") or status.get("error") else "ready"],
         ["batching", f"{policy['mode']} ({policy['source']}): {policy['reason']}" if policy else None],
         ["batch size (peak)", f"{status.get('batch_size', 0)} ({status.get('peak_batch_size', '-')})"],
         ["queued / prefilling", f"{status.get('queue_length', 0)} / {status.get('prefilling', 0)}"],
@@ -88,11 +89,19 @@ def _shapes(layer: dict) -> str:
 
 
 def cache_table(layout: dict) -> Table:
+    """One row per kind of layer: identical layers (a fresh cache's 30 empty ones) share a row."""
+    from mlx_nb.widgets.svg_cache import layer_span, runs
+
     layers = layout.get("layers") or []
     total = sum(layer.get("nbytes") or 0 for layer in layers)
     who = f"request {layout['request']}" if layout.get("request") else "a fresh cache (no request given)"
-    return Table(["layer", "type", "offset", "shapes", "dtype", "bytes", "trimmable"],
-                 [_layer_row(layer) for layer in layers],
+    rows = []
+    for numbers, layer in runs(layers):
+        row = _layer_row(layer)
+        row[0] = layer_span(numbers, prefix="")
+        row[5] += f" x{len(numbers)}" if len(numbers) > 1 else ""
+        rows.append(row)
+    return Table(["layers", "type", "offset", "shapes", "dtype", "bytes", "trimmable"], rows,
                  title=f"KV cache of {layout.get('model')}: {who}", note=f"{len(layers)} layers, {human_bytes(total)}")
 
 

@@ -27,6 +27,7 @@ from mlx_nb.models.gguf_meta import corrupt as _corrupt
 from mlx_nb.models.gguf_meta import meta as _meta
 from mlx_nb.models.gguf_meta import value as _value
 from mlx_nb.models.gguf_tokenizer import write_tokenizer as _write_tokenizer
+from mlx_nb.models.progress import report
 
 GROUP_SIZE = 32  # every GGUF block type MLX keeps quantized (Q4_0, Q4_1, Q8_0) has 32 weights a block
 
@@ -317,9 +318,10 @@ def _write_safetensors(path: Path, tensors: dict, bar) -> None:
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for arr in tensors.values():
+        for i, arr in enumerate(tensors.values()):
             _write_tensor(f, arr)
             bar.update(1)
+            report("converting GGUF", i + 1, len(tensors))
 
 
 def _write_tensor(f, arr) -> None:

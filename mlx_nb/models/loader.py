@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mlx_nb import runtime
+from mlx_nb.models.progress import report
 from mlx_nb.models.sources import resolve
 
 
@@ -70,9 +71,11 @@ def load_model(name_or_path: Optional[str] = None) -> LoadedModel:
     from mlx_nb.models.sources import DEFAULT_MODEL
 
     name = DEFAULT_MODEL if name_or_path is None else name_or_path
+    report("resolving")
     path = resolve(name)
     config = read_config(path)
     kind = "vision" if "vision_config" in config else "text"
+    report("loading weights")
     try:
         loaded = _load_vision(name, path, config) if kind == "vision" else _load_text(name, path, config)
     except (FileNotFoundError, ValueError, KeyError) as exc:
@@ -102,6 +105,7 @@ def _apply_dtype_policy(loaded: LoadedModel) -> None:
     loaded.dtype = policy
     if policy != "float32":
         return
+    report("converting weights to float32")
     import mlx.core as mx
     from mlx.utils import tree_map
     from mlx_lm.utils import dequantize_model

@@ -14,6 +14,8 @@ import socket
 from urllib.parse import urlsplit
 from pathlib import Path
 
+from mlx_nb.models.progress import report
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
@@ -107,6 +109,7 @@ def _from_gguf(gguf: Path, dest: Path) -> Path:
 
     if is_complete(dest):
         return dest
+    report("converting GGUF")
     return Path(convert_gguf(gguf, dest))
 
 
@@ -142,6 +145,7 @@ def _from_hub(repo_id: str) -> Path:
             f"use one of {listing(available_offline())}, a local directory or a .gguf file"
         )
     try:
+        report("downloading")
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as exc:
         raise ModelNotFoundError(f"could not download {repo_id}: {str(exc).splitlines()[0]}") from exc

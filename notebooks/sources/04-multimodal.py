@@ -63,8 +63,8 @@ replies = await asyncio.gather(*jobs)
 
 # %% tags=["nbval-check-output"]
 ids = {r.request_id for r in replies}
-print("finish reasons:", [r.finish_reason for r in replies])
-print("most requests in one step:", max(len(ids & set(e["requests"])) for e in client.events() if e["kind"] == "step"))
+print("all finished:", all(r.finish_reason in ("stop", "length") for r in replies))
+print("at least two shared a step:", max(len(ids & set(e["requests"])) for e in client.events() if e["kind"] == "step") >= 2)
 
 # %% [markdown]
 # ## The cache of a vision request

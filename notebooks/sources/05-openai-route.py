@@ -70,7 +70,7 @@ client = OpenAI(base_url=base, api_key=key)
 # %% tags=["nbval-check-output"]
 print([m.id for m in client.models.list().data])
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-ignore-output"]
 reply = client.chat.completions.create(
     model="smollm2-135m-instruct",
     messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -80,10 +80,13 @@ reply = client.chat.completions.create(
 print(reply.choices[0].message.content)
 print(reply.choices[0].finish_reason, reply.usage.completion_tokens, "tokens")
 
+# %% tags=["nbval-check-output"]
+print("Paris" in reply.choices[0].message.content, reply.choices[0].finish_reason in ("stop", "length"))
+
 # %% [markdown]
 # Streaming works as with any OpenAI server: chunks arrive as server-sent events.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-ignore-output"]
 stream = client.chat.completions.create(
     model="smollm2-135m-instruct",
     messages=[{"role": "user", "content": "Name three colours."}],
@@ -93,6 +96,9 @@ stream = client.chat.completions.create(
 )
 pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
 print(len(pieces) > 3, "".join(pieces))
+
+# %% tags=["nbval-check-output"]
+print("streamed in pieces:", len(pieces) > 3)
 
 # %% [markdown]
 # ## Tools
@@ -115,7 +121,7 @@ print(reply.choices[0].finish_reason, reply.choices[0].message.tool_calls or rep
 # message after the assistant's call, and the model answers from it. The whole conversation,
 # call and result included, goes through the model's chat template.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-ignore-output"]
 call = {"id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 reply = client.chat.completions.create(
@@ -126,13 +132,16 @@ reply = client.chat.completions.create(
 )
 print(reply.choices[0].message.content)
 
+# %% tags=["nbval-check-output"]
+print("answered from the tool result:", "24" in reply.choices[0].message.content)
+
 # %% [markdown]
 # ## The anthropic SDK
 # The Messages API is served too; the Anthropic SDK sends its key as `x-api-key`, which the routes
 # accept as well. (This server samples greedily unless a request sets a temperature: its
 # `default_temperature` is 0, where the APIs' own default is 1.)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-ignore-output"]
 from anthropic import Anthropic
 
 claude_style = Anthropic(base_url=f"http://127.0.0.1:{port}/mlx", api_key=key)
@@ -144,10 +153,13 @@ message = claude_style.messages.create(
 print(message.content[0].text)
 print(message.stop_reason)
 
+# %% tags=["nbval-check-output"]
+print("Paris" in message.content[0].text, message.stop_reason in ("end_turn", "max_tokens"))
+
 # %% [markdown]
 # And streamed, with the SDK's own helper:
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-ignore-output"]
 with claude_style.messages.stream(
     model="smollm2-135m-instruct", max_tokens=24,
     messages=[{"role": "user", "content": "Name three colours."}],
@@ -156,6 +168,9 @@ with claude_style.messages.stream(
     final = events.get_final_message()
 print(text)
 print(final.stop_reason, final.usage.output_tokens, "tokens")
+
+# %% tags=["nbval-check-output"]
+print("streamed:", text == final.content[0].text and final.usage.output_tokens > 0)
 
 # %% [markdown]
 # ## Without the key, nothing; with it, nothing else

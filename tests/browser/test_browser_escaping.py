@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from hostile_text import CONTEXTS, PAYLOADS
-from test_browser_lab import MS, WAIT_S, Lab, _requirements, _shot, open_notebook, page, run_all_cells, watched  # noqa: F401,E501
+from lab_server import MS, WAIT_S, Lab, _requirements, _shot, open_notebook, run_all_cells, watched
 
 pytestmark = pytest.mark.browser
 

@@ -12,7 +12,7 @@ import random
 import mistune
 import pytest
 from forcing import ForcedEngine
-from hostile_text import CONTEXTS, PAYLOADS, audit_html, hostile_corpus
+from hostile_text import PAYLOADS, audit_html, hostile_corpus
 from IPython.utils.capture import capture_output
 from markdown_it import MarkdownIt
 

@@ -62,11 +62,14 @@ def test_load_ext_registers_line_and_cell_magic(ip):
 def test_chat_streams_into_one_updated_display(ip, magics):
     answer, cap = run(ip, "%%mlx chat -n 24\nhello there")
     assert isinstance(answer, ChatAnswer) and answer.reply.finish_reason in ("stop", "length")
-    first, updates = cap.outputs[0], cap.outputs[1:]
-    assert first.update is False and first.data["text/markdown"] == ""
+    first, updates, footer = cap.outputs[0], cap.outputs[1:-1], cap.outputs[-1]
+    assert first.update is False and first.data["text/plain"].startswith("⏳ waiting for tiny-llama")
     display_id = first.transient["display_id"]
     assert updates and all(o.update is True and o.transient["display_id"] == display_id for o in updates)
     assert updates[-1].data["text/markdown"] == safe_markdown(str(answer))
+    tokens = answer.reply.usage["completion_tokens"]
+    assert footer.update is False and footer.data["text/plain"].startswith(f"tiny-llama · {tokens} token")
+    assert footer.data["text/plain"].endswith(" s") or "stopped at max tokens" in footer.data["text/plain"]
     assert ip.user_ns["_"] is answer  # the cell's value ...
     assert not answer or str(answer) not in cap.stdout  # ... is not printed a second time
 
@@ -76,14 +79,15 @@ def test_updates_are_throttled(ip, magics):
     answer, cap = run(ip, "%%mlx chat -n 400\ntell me everything")
     elapsed = time.monotonic() - t0
     assert answer.reply.usage["completion_tokens"] > 50
-    assert len(cap.outputs) - 1 <= elapsed * magics.update_hz + 2  # ~10 Hz, not one update per token
+    assert len(cap.outputs) - 2 <= elapsed * magics.update_hz + 2  # ~10 Hz, not one update per token
 
 
 def test_no_stream_env_gives_exactly_one_display(ip, magics, monkeypatch):
     monkeypatch.setenv("MLX_NB_NO_STREAM", "1")
     answer, cap = run(ip, "%%mlx chat -n 16\nhello")
-    assert len(cap.outputs) == 1
+    assert len(cap.outputs) == 2  # the answer, then its footer
     assert cap.outputs[0].update is False and cap.outputs[0].data["text/markdown"] == safe_markdown(str(answer))
+    assert "tiny-llama · " in cap.outputs[1].data["text/plain"]
 
 
 def test_value_is_hidden_in_its_cell_and_shown_later(ip, magics):
@@ -212,6 +216,45 @@ def test_errors_are_one_line(ip, magics, source, expected):
     assert len(magics.conversation) == 0
 
 
+@pytest.mark.parametrize("source", ["%%mlx chat", "%%mlx chat -n 4\n", "%%mlx"])
+def test_an_empty_chat_cell_gets_our_usage_line(ip, magics, source):
+    """IPython's own 'the cell body is empty' message never shows: %mlx says what to write where."""
+    answer, cap = run(ip, source)
+    line = one_error_line(cap)
+    assert answer is None and "no question" in line and "%%mlx chat" in line and "cell magic" not in line
+    _, cap = run(ip, "%%mlx status")  # any other subcommand with nothing below runs as the line magic
+    assert "mlx engine status" in cap.outputs[0].data["text/plain"]
+
+
+def test_chat_waits_for_a_loading_model_showing_progress(ip, magics, monkeypatch):
+    """An embedded engine still loading: the waiting line shows the load's phase, then the answer."""
+    from mlx_nb.client import Client
+    from mlx_nb.engine import Engine
+    import mlx_nb.models.loader as loader
+
+    gate, real = threading.Event(), loader._load_text
+    monkeypatch.setattr(loader, "_load_text", lambda *a, **k: gate.wait(60) and real(*a, **k))
+    engine = Engine("tiny-llama")
+    saved, magics._client = magics._client, Client(engine=engine)
+    result = {}
+    try:
+        cell = threading.Thread(target=lambda: result.update(out=run(ip, "%%mlx chat -n 4\nhello")))
+        cell.start()
+        time.sleep(1.0)  # the cell is waiting on the load (several progress rounds)
+        assert cell.is_alive() and engine.status()["load"]["phase"] == "loading weights"
+        gate.set()
+        cell.join(60)
+    finally:
+        gate.set()
+        magics._client = saved
+        engine.close()
+    answer, cap = result["out"]
+    lines = [o.data.get("text/plain", "") for o in cap.outputs]
+    assert any(line.startswith("⏳ loading tiny-llama: loading weights") for line in lines), lines
+    assert answer.reply.finish_reason in ("stop", "length")
+    assert lines[-2] == str(answer) and lines[-1].startswith("tiny-llama · ")
+
+
 def test_status_cache_models_help(ip, magics):
     _, cap = run(ip, "%mlx status")
     html = cap.outputs[0].data["text/html"]
@@ -219,8 +262,8 @@ def test_status_cache_models_help(ip, magics):
     assert "batched (matrix): llama: batched output equals" in cap.outputs[0].data["text/plain"]
     _, cap = run(ip, "%mlx cache")
     html, text = cap.outputs[0].data["text/html"], cap.outputs[0].data["text/plain"]
-    assert html.count("<tr>") == 1 + 2  # header + one row per layer of tiny-llama
-    assert "KVCache" in text and "2 layers" in text
+    assert html.count("<tr>") == 1 + 1  # header + one row for tiny-llama's two identical (empty) layers
+    assert "0-1" in text and "KVCache" in text and "2 layers" in text
     _, cap = run(ip, "%mlx models")
     assert "smollm2-135m-instruct" in cap.outputs[0].data["text/plain"]
     assert "*  tiny-llama" in cap.outputs[0].data["text/plain"]
@@ -237,11 +280,13 @@ def test_cache_of_a_live_request(ip, magics):
     ip.user_ns["rid"] = st.request_id
     try:
         _, cap = run(ip, "%mlx cache --request {rid}")
+        _, newest = run(ip, "%mlx cache")  # no id: the newest decoding request
     finally:
         st.abort()
         list(st)
     text = cap.outputs[0].data["text/plain"]
     assert st.request_id in text and "empty" not in text
+    assert st.request_id in newest.outputs[0].data["text/plain"]
 
 
 def test_batch_shows_a_visualizer(ip, magics):
@@ -312,14 +357,6 @@ def test_keyboard_interrupt_aborts_the_request(ip, magics):
     interrupted_chat(ip, magics)
     assert left_the_batch(magics.client.events, since) == ["abort"]
     assert magics.client.status()["batch_size"] == 0
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    from live_server import serving
-
-    with serving(tmp_path_factory.mktemp("live"), "tiny-llama") as server:
-        yield server
 
 
 def test_keyboard_interrupt_aborts_the_request_on_the_server(ip, magics, live):

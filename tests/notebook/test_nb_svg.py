@@ -8,12 +8,13 @@ from mlx_nb.widgets.svg_cache import TYPE_COLORS, build_cache_svg
 
 
 def ev(seq, kind, step, requests, **detail):
-    return {"seq": seq, "kind": kind, "step": step, "time": 0.0, "requests": requests, "detail": detail}
+    """An event at `step`; steps are half a second apart."""
+    return {"seq": seq, "kind": kind, "step": step, "time": 1000.0 + step / 2, "requests": requests, "detail": detail}
 
 
 EVENTS = [
-    ev(1, "insert", 0, ["a"], prompt_tokens=5),
-    ev(2, "insert", 0, ["b"], prompt_tokens=7),
+    ev(1, "insert", 0, ["a"], prompt_tokens=5, source="notebook 02.ipynb", label="Name a planet."),
+    ev(2, "insert", 0, ["b"], prompt_tokens=7, source="route: OpenAI/Python", label="Name a <colour>."),
     ev(3, "extend", 1, ["a"], batch_size=1),
     ev(4, "extend", 1, ["b"], batch_size=2),
     ev(5, "step", 1, ["a", "b"], batch_size=2),
@@ -32,12 +33,19 @@ def parse(svg: str) -> ET.Element:
 
 def test_lanes_and_batch_sizes():
     lanes, sizes = lanes_from_events(list(reversed(EVENTS)))  # order comes from seq, not list order
+    t = lambda step: 1000.0 + step / 2  # noqa: E731
     assert [(ln["id"], ln["insert"], ln["join"], ln["leave"], ln["reason"]) for ln in lanes] == [
-        ("a", 0, 1, 4, "stop"), ("b", 0, 1, 5, "length"), ("c<&>", 2, 3, 6, "abort")]
-    assert sizes == {1: 2, 3: 3, 4: 2, 5: 1, 6: 0}
+        ("a", t(0), t(1), t(4), "stop"), ("b", t(0), t(1), t(5), "length"), ("c<&>", t(2), t(3), t(6), "abort")]
+    assert [(ln["source"], ln["label"], ln["tokens"]) for ln in lanes] == [
+        ("notebook 02.ipynb", "Name a planet.", 2), ("route: OpenAI/Python", "Name a <colour>.", 2), (None, None, 1)]
+    assert sizes == [(t(1), 1), (t(1), 2), (t(1), 2), (t(3), 3), (t(3), 3), (t(4), 2), (t(5), 1), (t(6), 0)]
 
 
-def test_batch_svg_has_lanes_marks_and_legend():
+def texts(root: ET.Element) -> list[ET.Element]:
+    return [el for el in root.iter() if el.tag.endswith("}text")]
+
+
+def test_batch_svg_has_labelled_lanes_a_time_axis_and_a_full_legend():
     svg = build_batch_svg(EVENTS)
     root = parse(svg)
     assert root.tag.endswith("svg")
@@ -45,17 +53,35 @@ def test_batch_svg_has_lanes_marks_and_legend():
     assert svg.count('class="mark insert"') == 3 and svg.count('class="mark join"') == 3
     for reason in ("stop", "length", "abort"):
         assert f'class="mark leave reason-{reason}"' in svg and REASON_COLORS[reason] in svg
-    assert 'class="legend"' in svg and "batch size" in svg and "<polyline" in svg
-    assert "c&lt;&amp;&gt;" in svg
+    assert "c&lt;&amp;&gt;" in svg and "Name a &lt;colour&gt;." in svg  # names escaped
+    labels = [el.text for el in texts(root)]
+    assert "Name a planet." in labels and "notebook 02.ipynb" in labels and "route: OpenAI/Python" in labels
+    assert ["0 s", "0.5 s", "1 s", "1.5 s", "2 s", "2.5 s", "3 s"] == [t for t in labels[1:] if t.endswith(" s")]
+    assert "over 3 s" in labels[0]
+    legend = svg[svg.index('class="legend"'):]
+    for item in ("insert", "waiting", "join (extend)", "decoding", "leave: stop", "leave: abort", "batch size"):
+        assert f">{item}<" in legend
+    hover = [el.text for el in root.iter() if el.tag.endswith("}title")]
+    assert any("from notebook 02.ipynb" in h and "prompt: Name a planet. (5 tokens)" in h and "waited 0.50 s" in h
+               and "left: stop" in h for h in hover), hover
+
+
+def test_svgs_follow_the_theme():
+    """Every text and line takes the theme's font colour (dark themes: light text on dark)."""
+    for svg in (build_batch_svg(EVENTS), build_cache_svg(LAYOUT), build_batch_svg([])):
+        root = parse(svg)
+        assert "var(--jp-ui-font-color1" in root.get("style")
+        assert all(el.get("fill") == "currentColor" for el in texts(root))
+        assert "#000" not in svg and 'fill="black"' not in svg
 
 
 def test_batch_svg_mid_flight_errors_and_caps():
     late = [ev(20, "step", 9, ["x"], batch_size=1), ev(21, "error", 10, ["x"], message="boom")]
     svg = build_batch_svg(late)
     assert svg.count('class="lane"') == 1 and "reason-error" in svg and 'class="mark insert"' not in svg
-    many = [ev(i + 1, "insert", i, [f"r{i}"]) for i in range(30)]
+    many = [ev(i + 1, "insert", i, [f"r{i}"], label=f"question {i}") for i in range(30)]
     capped = build_batch_svg(many, max_lanes=5)
-    assert capped.count('class="lane"') == 5 and "+25 earlier not shown" in capped and "r29" in capped
+    assert capped.count('class="lane"') == 5 and "+25 earlier not shown" in capped and "question 29" in capped
     assert "no batch events yet" in build_batch_svg([])
     parse(build_batch_svg([]))
 
@@ -91,6 +117,47 @@ def test_cache_svg_rows_colors_and_legend():
     assert "req-1" in svg and "4 layers" in svg
     empty = build_cache_svg({"model": "m", "request": None, "layers": []})
     assert "0 layers" in empty and 'class="layer"' not in empty
+
+
+def test_identical_layers_are_one_line():
+    fresh = {"model": "m", "request": None, "layers": [
+        {"layer": i, "type": "KVCache", "offset": 0, "shapes": [], "dtype": None, "nbytes": 0, "trimmable": True,
+         "batch": {"rows": [{"padding": 0, "tokens": 0}], "positions": 0, "state": False}} for i in range(30)]}
+    svg = build_cache_svg(fresh)
+    assert svg.count('class="layer"') == 1 and 'data-layers="30"' in svg and "L0-29 KVCache off=0 empty x30" in svg
+    assert "no tokens held yet" in svg
+    text = repr(cache_table(fresh))
+    assert text.count("KVCache") == 1 and "0-29" in text and "30 layers" in text
+
+
+def batch_layer(i, kind, rows, positions, **extra):
+    return {"layer": i, "type": kind, "nbytes": 100, "batch": {"rows": [{"padding": p, "tokens": t} for p, t in rows],
+                                                               "positions": positions, "state": False, **extra}}
+
+
+def test_rows_by_positions_show_padding_tokens_and_the_window():
+    layout = {"model": "m", "request": None, "layers": [
+        batch_layer(0, "BatchRotatingKVCache", [(5, 3), (0, 11)], 8, window=8),
+        batch_layer(1, "BatchKVCache", [(8, 3), (0, 11)], 11),
+        batch_layer(2, "BatchRotatingKVCache", [(5, 3), (0, 11)], 8, window=8),
+        batch_layer(3, "BatchKVCache", [(8, 3), (0, 11)], 11),
+        {"layer": 4, "type": "ArraysCache", "nbytes": 64,
+         "batch": {"rows": [{"padding": 0, "tokens": None}] * 2, "positions": None, "state": True}},
+    ]}
+    root = parse(build_cache_svg(layout))
+    grids = [g for g in root.iter() if g.get("class") == "grid"]
+    assert [g.get("data-type") for g in grids] == ["BatchRotatingKVCache", "BatchKVCache", "ArraysCache"]
+    titles = [texts(g)[0].text for g in grids]
+    assert titles == ["L0, L2 · BatchRotatingKVCache · 2 rows x 8 positions (window 8)",
+                      "L1, L3 · BatchKVCache · 2 rows x 11 positions",
+                      "L4 · ArraysCache · 2 rows of fixed-size state"]
+    rows = [[(r.get("data-padding"), r.get("data-tokens")) for r in g if r.get("class") == "row"] for g in grids]
+    assert rows[1] == [("8", "3"), ("0", "11")]
+    cells = [[(c.get("class")) for c in r if c.get("class") in ("pad", "tok")] for r in grids[1] if r.get("class") == "row"]
+    assert cells == [["pad"] * 8 + ["tok"] * 3, ["tok"] * 11]
+    window_rows = [r for r in grids[0] if r.get("class") == "row"]
+    assert [t.text for t in texts(window_rows[1])][-1] == "+3 dropped"  # 11 tokens seen, the last 8 kept
+    assert sum(1 for r in grids[2].iter() if r.get("class") == "state") == 2
 
 
 def test_cache_and_status_tables():

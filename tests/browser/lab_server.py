@@ -1,0 +1,227 @@
+"""A real `jupyter lab` process and headless chromium, shared by the browser tests.
+
+`Lab(root, cells, model)` serves a notebook of those cells with the extension on loopback (its own
+token, settings and workspaces); the `page` fixture is Debian's chromium driven by Playwright
+(Playwright's own browser download needs the network). Screenshots land in test-output/browser/,
+which git ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else shutil.which("chromium")
+SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "browser"
+NOTEBOOK = "browser_e2e.ipynb"
+WAIT_S = 120  # each wait: model load / kernel start on 2 shared CPUs
+MS = 1000
+
+# Quiet JupyterLab: no "receive Jupyter news?" toast, no update check.
+SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+    "fetchNews": "false", "checkForUpdates": False}}
+
+
+def _requirements() -> None:
+    if not CHROMIUM:
+        pytest.skip("chromium not installed: apt-get install chromium (make test installs it as root)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("the playwright package is not installed: pip install -e '.[test]'")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_notebook(path: Path, cells: list[str]) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    nbformat.write(nb, str(path))
+
+
+class Lab:
+    """A `jupyter lab` subprocess on loopback with its own token, root, settings and workspaces."""
+
+    def __init__(self, root: Path, cells: list[str], model: str = "smollm2-135m-instruct", files: tuple = ()):
+        """`cells`: the notebook's code cells; `files`: more files copied next to it."""
+        self.root, self.cells, self.model, self.files = root, cells, model, files
+        self.port, self.token = _free_port(), secrets.token_hex(16)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = root / "lab.log"
+        self.proc: subprocess.Popen | None = None
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def start(self) -> None:
+        notebooks = self.root / "notebooks"
+        notebooks.mkdir()
+        _write_notebook(notebooks / NOTEBOOK, self.cells)
+        for f in self.files:
+            shutil.copy(f, notebooks / Path(f).name)
+        settings = self.root / "lab-settings"
+        for rel, values in SETTINGS.items():
+            (settings / rel).parent.mkdir(parents=True, exist_ok=True)
+            (settings / rel).write_text(json.dumps(values))
+        # The server publishes its own URL and token to its kernels: drop any inherited ones.
+        env = {k: v for k, v in os.environ.items() if k not in ("MLX_NB_URL", "MLX_NB_TOKEN", "MLX_NB_NO_STREAM")}
+        env.update(
+            JUPYTER_RUNTIME_DIR=str(self.root / "runtime"),
+            JUPYTER_CONFIG_DIR=str(self.root / "config"),  # user-level config only; the venv's etc/jupyter stays
+            JUPYTERLAB_SETTINGS_DIR=str(settings),
+            JUPYTERLAB_WORKSPACES_DIR=str(self.root / "workspaces"),
+            PYTHONUNBUFFERED="1",
+        )
+        cmd = [
+            sys.executable, "-m", "jupyter", "lab",
+            "--no-browser",
+            "--allow-root",
+            f"--port={self.port}",
+            "--ServerApp.port_retries=0",
+            "--ServerApp.ip=127.0.0.1",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={notebooks}",
+            f"--LabApp.workspaces_dir={self.root / 'workspaces'}",
+            f"--LabApp.user_settings_dir={settings}",
+            f"--MLXExtension.model={self.model}",
+        ]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+
+    def wait_ready(self) -> None:
+        """Until the engine's health says `ok` and `/lab` serves its page."""
+        deadline = time.monotonic() + WAIT_S
+        health = lab_ok = None
+        with httpx.Client(timeout=5, trust_env=False) as http:
+            while True:
+                assert self.proc.poll() is None, f"jupyter lab exited ({self.proc.returncode}):\n{self.log_tail()}"
+                assert time.monotonic() < deadline, (
+                    f"not ready in {WAIT_S} s (health {health}, /lab {lab_ok}):\n{self.log_tail()}")
+                try:
+                    r = http.get(f"{self.base}/mlx/v1/health")  # no token needed
+                    health = (r.status_code, r.json().get("status"))
+                    assert health[1] != "error", f"the model failed to load:\n{self.log_tail()}"
+                    if health == (200, "ok"):
+                        lab_ok = http.get(f"{self.base}/lab", params={"token": self.token}).status_code
+                        if lab_ok == 200:
+                            return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                time.sleep(0.25)
+
+    def __enter__(self) -> "Lab":
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()  # SIGTERM: the server shuts its kernels down
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def page():
+    _requirements()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage"],
+        )
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000},
+                                          permissions=["clipboard-read", "clipboard-write"])
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+def _shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _dismiss_dialogs(page) -> None:
+    """A kernel selector or any other modal (none expected: the notebook names its kernel)."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count():
+        dialog.locator(".jp-Dialog-button.jp-mod-accept").first.click()
+
+
+def open_notebook(lab: Lab, page):
+    """Open the lab's notebook; returns (notebook, its idle indicator) once the kernel is idle."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}", wait_until="domcontentloaded",
+              timeout=60 * MS)
+    notebook = page.locator(".jp-NotebookPanel").first
+    expect(notebook.locator(".jp-Cell")).to_have_count(len(lab.cells), timeout=60 * MS)
+    _dismiss_dialogs(page)
+    idle = notebook.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    expect(idle).to_have_count(1, timeout=WAIT_S * MS)  # the kernel has started and is idle
+    return notebook, idle
+
+
+def run_all_cells(page) -> None:
+    """Run > Run All Cells, as a user would."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+@contextmanager
+def watched(page, lab: Lab, failure_shot: str = "99-failure"):
+    """Yields the page's script errors as they come; on a failure, a screenshot and the server log."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    page.set_default_timeout(30 * MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield errors
+    except Exception:
+        try:
+            _shot(page, failure_shot)
+        except PlaywrightError as exc:
+            print(f"no failure screenshot: {exc}")
+        print(f"page errors: {errors}\n--- lab.log ---\n{lab.log_tail()}")
+        raise
