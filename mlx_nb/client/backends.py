@@ -120,7 +120,7 @@ def _status_error(url: str, status: int, body, headers) -> ClientError:
         except ValueError:
             retry = 2.0
         return ModelLoadingError(f"{url}: {text}", retry_after=min(max(retry, 0.1), 30.0))
-    return ClientError(f"{url} answered {status}: {text}")
+    return ClientError(f"{url} answered {status}: {text}", status=status)
 
 
 def _error_text(body: Any) -> str:

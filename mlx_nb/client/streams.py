@@ -12,7 +12,12 @@ from typing import Any, Callable, Optional
 
 
 class ClientError(RuntimeError):
-    """A request the backend refused or failed; the message is written for people."""
+    """A request the backend refused or failed; the message is written for people. `status` is the
+    HTTP status when a server answered with one."""
+
+    def __init__(self, message: str = "", status: Optional[int] = None):
+        super().__init__(message)
+        self.status = status
 
 
 class MlxConnectionError(ClientError, ConnectionError):

@@ -31,7 +31,7 @@ class ModelLoadingError(ClientError):
     """The server's model is still loading (HTTP 503 `model_loading`); retry after `retry_after` s."""
 
     def __init__(self, message: str, retry_after: float = 2.0):
-        super().__init__(message)
+        super().__init__(message, status=503)
         self.retry_after = retry_after
 
 

@@ -65,7 +65,7 @@ class BatchVisualizer(PictureWidget):
         except MlxConnectionError:
             return True  # unreachable for now: the reader retries and says so in the toolbar
         except ClientError as exc:
-            if "503" in str(exc):  # loading: the events come once it is ready
+            if exc.status != 404:  # loading, refused, ...: the reader says so in the toolbar
                 return True
             self.unavailable = one_line(exc)
             self.html.value = f"<p><b>No batch timeline:</b> {escape(self.unavailable)}</p>"

@@ -76,7 +76,7 @@ def test_hostile_replies_render_as_text_and_nothing_runs(lab, page):
         expect(control).to_have_count(1, timeout=WAIT_S * MS)  # the last cell ran
         expect(idle).to_have_count(1, timeout=WAIT_S * MS)
         panel = cells.nth(3).locator(".jp-OutputArea-output .widget-vbox").first
-        expect(panel.locator(".widget-label", has_text=re.compile(r"tokens.*\(stop\)"))).to_have_count(
+        expect(panel.locator(".widget-label", has_text=re.compile(r"tokens? · .* · stop$"))).to_have_count(
             1, timeout=WAIT_S * MS)
         _shot(page, "escaping-ran-all")
 

@@ -219,13 +219,16 @@ def _assert_escaped(data: dict) -> None:
 def test_chat_magic_escapes_live_final_and_later_displays(shell, monkeypatch):
     answer, cap = _run(shell, "%%mlx chat\nsay it")
     assert str(answer) == HOSTILE  # the model really said it
-    updates = [o.data for o in cap.outputs]
-    assert len(updates) >= 2 and all("<img" not in d["text/markdown"] for d in updates)
+    # the answer's display (a waiting line, then Markdown updates), and our footer after it
+    updates = [o.data for o in cap.outputs if "text/markdown" in o.data]
+    assert len(updates) >= 1 and all("<img" not in d["text/markdown"] for d in updates)
+    rendered = [v for o in cap.outputs for k, v in o.data.items() if k != "text/plain"]
+    assert rendered and all("<img" not in v for v in rendered)  # nor the waiting line or the footer
     _assert_escaped(updates[-1])
 
     monkeypatch.setenv("MLX_NB_NO_STREAM", "1")
     answer, cap = _run(shell, "%%mlx chat\nagain")
-    (final,) = cap.outputs
+    (final,) = [o for o in cap.outputs if "text/markdown" in o.data]
     _assert_escaped(final.data)
 
     later, cap = _run(shell, f"Out[{shell.execution_count - 1}]")

@@ -13,7 +13,7 @@ import time
 import pytest
 from IPython.utils.capture import capture_output
 
-from jupyter_ext.kernel_env import api_url
+from jupyter_ext.kernel_env import direct_url
 from mlx_nb.client import Client
 
 
@@ -51,7 +51,7 @@ async def test_chats_sent_while_loading_complete_once_ready(weights_gate, jp_ser
     """(`jp_fetch` is asked for because it is what makes pytest-jupyter's server listen.)"""
     from IPython.core.interactiveshell import InteractiveShell
 
-    url, token = api_url(jp_serverapp), jp_serverapp.identity_provider.token
+    url, token = direct_url(jp_serverapp), jp_serverapp.identity_provider.token
     client = Client(url, api_key=token)
     seen_sync, seen_async = [], []
     sync_chat = asyncio.ensure_future(asyncio.to_thread(client.chat, "hi", max_tokens=4, progress=seen_sync.append))
