@@ -22,7 +22,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
-from jupyter_ext.keys import KeyAuthorizer, KeyIdentity
+from jupyter_ext.keys import KEY_FILE, KeyAuthorizer, KeyIdentity
 from mlx_nb.api import (
     APIError,
     from_request_error,
@@ -33,6 +33,9 @@ from mlx_nb.api import (
 from mlx_nb.engine.types import RequestError
 
 RETRY_AFTER_S = 2
+MISSING_KEY = ("missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key') with an mlx API "
+               f"key: the one printed at server start (in Jupyter's runtime dir as {KEY_FILE}) or one set in "
+               "MLXExtension.api_keys")
 _KINDS = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error"}
 
 
@@ -66,7 +69,7 @@ class MLXHandler(ExtensionHandlerMixin, APIHandler):
             await super().prepare()
         except web.HTTPError as exc:
             if exc.status_code == 403 and getattr(self, "_jupyter_current_user", None) is None and self.check_host():
-                raise web.HTTPError(401, "missing or invalid token: send Authorization: Bearer <token>") from None
+                raise web.HTTPError(401, MISSING_KEY) from None
             raise
         if self.request.method in ("POST", "PUT", "PATCH"):
             self._check_body_size()
