@@ -1,6 +1,6 @@
 """Real client libraries from the package registry, unmodified and used as their docs say, against
-the real in-process server: langchain-openai, litellm (openai and anthropic providers), the openai
-SDK's Responses API and the anthropic SDK's count_tokens.
+the real in-process server and holding its scoped mlx API key: langchain-openai, litellm (openai and
+anthropic providers), the openai SDK's Responses API and the anthropic SDK's count_tokens.
 
 None of these clients sends a budget unless told to, so each answer must come back whole: the
 engine is made to write a known reply longer than the old 256-token default (a forcing logits
@@ -14,6 +14,8 @@ import os
 import pytest
 from forcing import forcing
 from server_helpers import MODEL
+
+from jupyter_ext.keys import KEY_FILE
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm's documented offline switch
 
@@ -45,18 +47,19 @@ def say(mlx_ready, monkeypatch):
 
 
 @pytest.fixture
-def server(jp_serverapp, http_server, mlx_ready):
-    """(OpenAI-style base URL, Anthropic-style base URL, token) of the test server."""
+def server(jp_serverapp, jp_runtime_dir, http_server, mlx_ready):
+    """(OpenAI-style base URL, Anthropic-style base URL, key) of the test server: the scoped mlx API
+    key the server generated, what a user hands these clients (never the Jupyter token)."""
     url = os.environ["MLX_NB_URL"]
-    return url, url.removesuffix("/v1"), jp_serverapp.identity_provider.token
+    return url, url.removesuffix("/v1"), (jp_runtime_dir / KEY_FILE).read_text().strip()
 
 
 async def test_langchain_openai_invoke_stream_and_tools(server, say):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    url, _, token = server
-    llm = ChatOpenAI(model="gpt-4o-mini", base_url=url, api_key=token, max_retries=0)
+    url, _, key = server
+    llm = ChatOpenAI(model="gpt-4o-mini", base_url=url, api_key=key, max_retries=0)
     reply = await llm.ainvoke("What is the answer?")
     assert reply.content == ANSWER and reply.response_metadata["finish_reason"] == "stop"
     assert reply.response_metadata["model_name"] == MODEL
@@ -81,12 +84,12 @@ async def test_langchain_openai_invoke_stream_and_tools(server, say):
 async def test_litellm_openai_and_anthropic_providers(server, say):
     import litellm
 
-    url, anthropic_base, token = server
-    reply = await litellm.acompletion(model="openai/local-model", api_base=url, api_key=token, messages=HI)
+    url, anthropic_base, key = server
+    reply = await litellm.acompletion(model="openai/local-model", api_base=url, api_key=key, messages=HI)
     assert reply.choices[0].message.content == ANSWER and reply.choices[0].finish_reason == "stop"
     assert reply.usage.completion_tokens == len(ANSWER) + 1  # every byte, and the end of turn
 
-    stream = await litellm.acompletion(model="openai/local-model", api_base=url, api_key=token, messages=HI,
+    stream = await litellm.acompletion(model="openai/local-model", api_base=url, api_key=key, messages=HI,
                                        stream=True)
     text, reasons = "", []
     async for chunk in stream:
@@ -94,7 +97,7 @@ async def test_litellm_openai_and_anthropic_providers(server, say):
         reasons.append(chunk.choices[0].finish_reason)
     assert text == ANSWER and "stop" in reasons
 
-    claude = dict(model="anthropic/claude-sonnet-4-5", api_base=anthropic_base, api_key=token, messages=HI)
+    claude = dict(model="anthropic/claude-sonnet-4-5", api_base=anthropic_base, api_key=key, messages=HI)
     reply = await litellm.acompletion(**claude)
     assert reply.choices[0].message.content == ANSWER and reply.choices[0].finish_reason == "stop"
     stream = await litellm.acompletion(**claude, stream=True)
@@ -108,8 +111,8 @@ async def test_litellm_openai_and_anthropic_providers(server, say):
 async def test_openai_responses_api(server, say):
     import openai
 
-    url, _, token = server
-    client = openai.AsyncOpenAI(base_url=url, api_key=token, max_retries=0)
+    url, _, key = server
+    client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
     made = await client.responses.create(model="gpt-4.1-mini", instructions="Answer.", input="What is the answer?")
     assert made.status == "completed" and made.output_text == ANSWER and made.model == MODEL
     assert made.usage.output_tokens == len(ANSWER) + 1
@@ -139,8 +142,8 @@ async def test_openai_responses_api(server, say):
 async def test_anthropic_count_tokens_and_a_whole_answer(server, say):
     import anthropic
 
-    _, base, token = server
-    client = anthropic.AsyncAnthropic(base_url=base, api_key=token, max_retries=0)
+    _, base, key = server
+    client = anthropic.AsyncAnthropic(base_url=base, api_key=key, max_retries=0)
     tools = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
     ask = dict(model="claude-team-default", system="Be exact.", messages=HI, tools=tools)
     counted = await client.messages.count_tokens(**ask)
