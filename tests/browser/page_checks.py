@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import time
 
 # For each element: the colour its text is painted in (an SVG text's `fill`, else `color`), the
 # colour behind it (its own background, else the nearest ancestor's that is not transparent), and
-# its text. One call for all: live widgets redraw, so elements must not be looked up one by one.
-COLOURS_JS = """(els) => els.map(el => {
+# its text. One call for all: live widgets redraw, so elements must not be looked up one by one;
+# an element a redraw removed between the lookup and this call (it has no computed style) is skipped.
+COLOURS_JS = """(els) => els.filter(el => el.isConnected).map(el => {
   const style = getComputedStyle(el);
   const fg = el instanceof SVGElement ? style.fill : style.color;
   let alpha = parseFloat(style.opacity);  // faded labels count as faded
@@ -58,7 +60,13 @@ def contrast(fg: str, bg: str, opacity: float = 1.0) -> float:
 def weakest_contrast(locator) -> tuple[float, str]:
     """The lowest text/background contrast among the elements of `locator`."""
     worst, where = 99.0, ""
-    for fg, bg, alpha, text in locator.evaluate_all(COLOURS_JS):
+    for _ in range(20):  # a redraw may replace every element at once: measure the new ones
+        measured = locator.evaluate_all(COLOURS_JS)
+        if measured:
+            break
+        time.sleep(0.1)
+    assert measured, "no element stayed on the page long enough to be measured"
+    for fg, bg, alpha, text in measured:
         ratio = contrast(fg, bg, alpha)
         if ratio < worst:
             worst, where = ratio, f"{text!r}: {fg} x {alpha:.2f} on {bg}"
