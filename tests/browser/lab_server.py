@@ -202,10 +202,28 @@ def open_notebook(lab: Lab, page):
     return notebook, idle
 
 
-def run_all_cells(page) -> None:
-    """Run > Run All Cells, as a user would."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+def menu(page, *path: str) -> None:
+    """Click through the menu bar: `menu(page, "Settings", "Theme", "JupyterLab Dark")`."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{path[0]}$")).click()
+    for label in path[1:]:
+        page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(f"^{label}$")).click()
+
+
+def run_all_cells(page, notebook) -> None:
+    """Run > Run All Cells, as a user would. A click that lands before the notebook is ready to
+    execute (the menu works, nothing runs) is retried, as a user would, until the first cell starts."""
+    from playwright.sync_api import expect
+
+    prompt = notebook.locator(".jp-Notebook .jp-Cell").first.locator(".jp-InputPrompt")
+    for attempt in range(3):
+        menu(page, "Run", "Run All Cells")
+        try:
+            expect(prompt).not_to_have_text(re.compile(r"^\[ \]:$"), timeout=10 * MS)
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
+            page.keyboard.press("Escape")
 
 
 @contextmanager

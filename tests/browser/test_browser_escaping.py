@@ -70,7 +70,7 @@ def test_hostile_replies_render_as_text_and_nothing_runs(lab, page):
 
     with watched(page, lab, "escaping-99-failure") as errors:
         notebook, idle = open_notebook(lab, page)
-        run_all_cells(page)
+        run_all_cells(page, notebook)
         cells = notebook.locator(".jp-Notebook .jp-Cell")
         control = cells.nth(5).locator(".jp-OutputArea-output")
         expect(control).to_have_count(1, timeout=WAIT_S * MS)  # the last cell ran

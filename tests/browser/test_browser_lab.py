@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
-from lab_server import MS, NOTEBOOK, WAIT_S, Lab, _dismiss_dialogs, _requirements, _shot
+from lab_server import MS, NOTEBOOK, WAIT_S, Lab, _dismiss_dialogs, _requirements, _shot, menu, run_all_cells
 from page_checks import COLOURS_JS, OVERFLOW_JS, weakest_contrast
 
 from mlx_nb.widgets.theme import svg_of
@@ -47,13 +47,6 @@ def lab(tmp_path):
     tutorial = Path(__file__).resolve().parents[2] / "notebooks" / TUTORIAL
     with Lab(tmp_path, CELLS, files=(tutorial,)) as server:
         yield server
-
-
-def _menu(page, *path: str) -> None:
-    """Click through the menu bar: `_menu(page, "Settings", "Theme", "JupyterLab Dark")`."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{path[0]}$")).click()
-    for label in path[1:]:
-        page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(f"^{label}$")).click()
 
 
 def _run_cell(page, cell) -> None:
@@ -139,14 +132,7 @@ def test_lab_light_and_dark(lab, page):
         idle = notebook.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
         expect(idle).to_have_count(1, timeout=WAIT_S * MS)
 
-        prompt = cells.first.locator(".jp-InputPrompt")
-        for _ in range(3):  # as a user would; a click that lands before the menu is ready is retried
-            _menu(page, "Run", "Run All Cells")
-            try:
-                expect(prompt).not_to_have_text(re.compile(r"^\[ \]:$"), timeout=10 * MS)
-                break
-            except AssertionError:
-                page.keyboard.press("Escape")
+        run_all_cells(page, notebook)
 
         # %%mlx chat: the streamed Markdown answer names Paris; a footer follows it
         chat_out = cells.nth(1).locator(".jp-OutputArea-output")
@@ -193,7 +179,7 @@ def test_lab_light_and_dark(lab, page):
         _check_contrast(page, notebook, "light")
         _shot(page, "light-02-widgets")
 
-        _menu(page, "Settings", "Theme", "JupyterLab Dark")  # live, as a user switches it
+        menu(page, "Settings", "Theme", "JupyterLab Dark")  # live, as a user switches it
         expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1, timeout=60 * MS)
         page.wait_for_timeout(1000)  # the theme's stylesheet applied
         expect(notebook.locator("svg.mlx-batch g.lane").first).to_be_visible(timeout=WAIT_S * MS)
