@@ -76,8 +76,6 @@ class MemoryPolicy:
             over = mx.get_active_memory() - self.memory_limit
             if over > 0:
                 self.evicted_bytes += runner.prefix.shrink(over)
-        if not runner.active:
-            self.settle()
 
     def settle(self) -> None:
         """Idle: hand the buffer cache back to the system (once per busy period)."""

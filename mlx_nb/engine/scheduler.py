@@ -135,17 +135,9 @@ class BatchRunner:
         def guarded(tokens, logits):
             if live.failure is not None:
                 return logits
-            try:
-                out = fn(tokens, logits)
-                if not isinstance(out, mx.array) or out.shape != logits.shape:
-                    got = tuple(out.shape) if isinstance(out, mx.array) else type(out).__name__
-                    raise TypeError(f"returned {got}, expected an array of shape {tuple(logits.shape)}")
-                if not mx.issubdtype(out.dtype, mx.floating):
-                    raise TypeError(f"returned {out.dtype} logits, expected floating point")
-            except Exception as exc:
-                live.failure = f"logits processor failed: {type(exc).__name__}: {first_line(exc)}"
-                return logits
-            return out.astype(logits.dtype)
+            out = _checked(live, "logits processor", lambda: fn(tokens, logits), logits.shape, mx.floating,
+                           "an array", "floating point logits")
+            return logits if out is None else out.astype(logits.dtype)
 
         return guarded
 
@@ -161,17 +153,9 @@ class BatchRunner:
             fallback = mx.argmax(logprobs, axis=-1)
             if live.failure is not None:
                 return fallback
-            try:
-                out = fn(logprobs)
-                if not isinstance(out, mx.array) or out.shape != fallback.shape:
-                    got = tuple(out.shape) if isinstance(out, mx.array) else type(out).__name__
-                    raise TypeError(f"returned {got}, expected token ids of shape {tuple(fallback.shape)}")
-                if not mx.issubdtype(out.dtype, mx.integer):
-                    raise TypeError(f"returned {out.dtype}, expected integer token ids")
-            except Exception as exc:
-                live.failure = f"sampler failed: {type(exc).__name__}: {first_line(exc)}"
-                return fallback
-            return out.astype(fallback.dtype)
+            out = _checked(live, "sampler", lambda: fn(logprobs), fallback.shape, mx.integer,
+                           "token ids", "integer token ids")
+            return fallback if out is None else out.astype(fallback.dtype)
 
         return guarded
 
@@ -327,3 +311,21 @@ class BatchRunner:
                 cache, _tokens = extracted(found, live.uid)
                 return describe_layers(cache)
         return None
+
+
+def _checked(live: LiveRequest, what: str, call: Callable, shape, kind, noun: str, dtype_noun: str):
+    """`call()`'s array if it has `shape` and a dtype of `kind`; else None, with the request marked
+    failed by a one-line reason (what a caller's processor or sampler did wrong)."""
+    import mlx.core as mx
+
+    try:
+        out = call()
+        if not isinstance(out, mx.array) or out.shape != shape:
+            got = tuple(out.shape) if isinstance(out, mx.array) else type(out).__name__
+            raise TypeError(f"returned {got}, expected {noun} of shape {tuple(shape)}")
+        if not mx.issubdtype(out.dtype, kind):
+            raise TypeError(f"returned {out.dtype}, expected {dtype_noun}")
+    except Exception as exc:
+        live.failure = f"{what} failed: {type(exc).__name__}: {first_line(exc)}"
+        return None
+    return out
