@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test compat setup system-deps clean
+.PHONY: lab test compat setup system-deps kernels clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,12 @@ $(STAMP): pyproject.toml
 system-deps:
 	@bash scripts/system-deps.sh
 
-setup: system-deps $(STAMP)
+# The CPU kernels (mlx_nb/kernels/csrc, an MLX extension): rebuilt when their sources or mlx change,
+# skipped with a message where no C++ compiler is found (MLX's own ops then run).
+kernels: $(STAMP)
+	@$(BIN)/python -m mlx_nb.kernels.build
+
+setup: system-deps $(STAMP) kernels
 
 lab: setup
 ifneq ($(ROOT_FLAG),)
@@ -46,4 +51,4 @@ vision-sweep: setup
 	$(BIN)/python -m mlx_nb.compat.docs
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) mlx_nb/kernels/_build mlx_nb/kernels/_native*.so mlx_nb/kernels/_native.json

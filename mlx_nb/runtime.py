@@ -106,11 +106,28 @@ def device_kind() -> str:
 
 
 def dtype_policy() -> str:
-    """How loaded weights are stored: 'float32' on CPU (BLAS-backed), 'native' on a GPU."""
+    """How loaded weights are stored: on CPU 'kernels' (quantized layers packed for mlx-nb's own
+    kernels, the rest float32) when they are built, else 'float32' (BLAS-backed); 'native' on a GPU."""
     forced = os.environ.get("MLX_NB_DTYPE")
     if forced:
         return forced
-    return "float32" if device_kind() == "cpu" else "native"
+    if device_kind() != "cpu":
+        return "native"
+    from mlx_nb import kernels
+
+    return "kernels" if kernels.available() else "float32"
+
+
+def quantize_bits(requested: Optional[int] = None) -> Optional[int]:
+    """Bits to quantize a float checkpoint to for the kernels: `requested`, else $MLX_NB_QUANTIZE
+    (4, 8, or none); None keeps float checkpoints in float."""
+    value = requested if requested is not None else os.environ.get("MLX_NB_QUANTIZE", "")
+    value = str(value).strip().lower()
+    if value in ("", "0", "none", "off", "false"):
+        return None
+    if value not in ("4", "8"):
+        raise ValueError(f"quantize must be 4, 8 or none, not {value!r}")
+    return int(value)
 
 
 def _version(dist: str) -> Optional[str]:
@@ -118,6 +135,12 @@ def _version(dist: str) -> Optional[str]:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _kernels_info() -> dict:
+    from mlx_nb import kernels
+
+    return kernels.info()
 
 
 def runtime_info() -> dict:
@@ -131,6 +154,7 @@ def runtime_info() -> dict:
         "blas_fast": _blas is not None,
         "blas_error": _blas_error,
         "dtype_policy": dtype_policy(),
+        "kernels": _kernels_info(),
         "platform": f"{platform.system()} {platform.machine()}",
         "cpu_count": os.cpu_count(),
         "versions": {

@@ -33,8 +33,9 @@ def probe(blas: str) -> dict:
 
 def test_runtime_info_reports_blas_and_policy():
     info = mlx_nb.runtime_info()
-    assert set(info) >= {"device", "blas", "blas_fast", "dtype_policy", "versions"}
-    assert info["dtype_policy"] == ("float32" if info["device_kind"] == "cpu" else "native")
+    assert set(info) >= {"device", "blas", "blas_fast", "dtype_policy", "versions", "kernels"}
+    cpu_policy = "kernels" if info["kernels"]["path"] == "native" else "float32"
+    assert info["dtype_policy"] == (cpu_policy if info["device_kind"] == "cpu" else "native")
     assert info["blas_fast"] == (find_blas() is not None)
     assert info["versions"]["mlx"]
 

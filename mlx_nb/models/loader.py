@@ -2,7 +2,9 @@
 
 The kind (text or vision) comes from the config (`vision_config` present), never from the name.
 Text models load through mlx_lm, vision models through mlx_vlm; both then follow the runtime's
-dtype policy (float32 on CPU, where quantized and half-precision matmuls don't use BLAS).
+dtype policy: on CPU with mlx-nb's kernels built, quantized layers stay quantized and run on the
+kernels (`mlx_nb.kernels.swap`; float checkpoints too with `quantize`); without them, float32,
+where MLX's CPU matmuls use BLAS and its quantized and half-precision ones don't.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class LoadedModel:
     processor: Any = None  # mlx_vlm processor for vision models
     vision_model: Any = None  # the full mlx_vlm model (vision tower + language model)
     dtype: str = "native"
+    kernels: Optional[dict] = None  # what mlx_nb.kernels.swap put on the kernels, and what it left
 
     @property
     def context_length(self) -> int:
@@ -66,8 +69,11 @@ def read_config(path: Path) -> dict:
         raise ModelLoadError(f"{path}/config.json is unreadable ({exc}): re-create the model directory") from exc
 
 
-def load_model(name_or_path: Optional[str] = None) -> LoadedModel:
-    """Resolve, load and prepare a model; raises a one-line error for anything wrong."""
+def load_model(name_or_path: Optional[str] = None, quantize: Optional[int] = None) -> LoadedModel:
+    """Resolve, load and prepare a model; raises a one-line error for anything wrong.
+
+    `quantize` (4 or 8; default $MLX_NB_QUANTIZE) quantizes a float checkpoint's language model for
+    the CPU kernels; quantized checkpoints run as shipped either way."""
     from mlx_nb.models.sources import DEFAULT_MODEL
 
     name = DEFAULT_MODEL if name_or_path is None else name_or_path
@@ -83,7 +89,7 @@ def load_model(name_or_path: Optional[str] = None) -> LoadedModel:
             raise
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"could not load {name} from {path}: {first}") from exc
-    _apply_dtype_policy(loaded)
+    _apply_dtype_policy(loaded, runtime.quantize_bits(quantize))
     return loaded
 
 
@@ -100,19 +106,32 @@ def _load_vision(name: str, path: Path, config: dict) -> LoadedModel:
     return load_vision_model(name, path, config)
 
 
-def _apply_dtype_policy(loaded: LoadedModel) -> None:
+def _apply_dtype_policy(loaded: LoadedModel, quantize: Optional[int]) -> None:
     policy = runtime.dtype_policy()
     loaded.dtype = policy
-    if policy != "float32":
+    if policy not in ("float32", "kernels"):
         return
-    report("converting weights to float32")
     import mlx.core as mx
     from mlx.utils import tree_map
-    from mlx_lm.utils import dequantize_model
 
     target = loaded.vision_model if loaded.vision_model is not None else loaded.model
+    if policy == "kernels":
+        from mlx_nb.kernels.swap import swap_model
+
+        report("packing weights for the CPU kernels")
+        # Float parameters to float32 first (quantized scales come back to float16 where exact).
+        target.update(tree_map(_to_float32, target.parameters()))
+        loaded.kernels = swap_model(target, quantize=quantize, language_model=loaded.model)
+        return
+    report("converting weights to float32")
+    from mlx_lm.utils import dequantize_model
+
     dequantize_model(target)
-    target.update(
-        tree_map(lambda a: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a, target.parameters())
-    )
+    target.update(tree_map(_to_float32, target.parameters()))
     mx.eval(target.parameters())
+
+
+def _to_float32(a):
+    import mlx.core as mx
+
+    return a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a

@@ -1,0 +1,38 @@
+// The Python module `mlx_nb.kernels._native`: our operations on mlx.core arrays. Import mlx.core
+// first (mlx_nb.kernels does): its nanobind domain registers the array type these functions take.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "isa.h"
+#include "mlx/version.h"
+#include "ops.h"
+#include "pool.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_native, m) {
+  m.doc() = "mlx-nb's CPU kernels as MLX operations";
+  m.def("qmatmul", &mlxnb::qmatmul, "x"_a, "packed"_a, "scales"_a, "biases"_a, nb::kw_only(), "n"_a, "group_size"_a,
+        "bits"_a, "stream"_a = nb::none(), "x @ W.T for a packed 4/8-bit affine weight, int8 activation blocks.");
+  m.def("qgather", &mlxnb::qgather, "ids"_a, "packed"_a, "scales"_a, "biases"_a, nb::kw_only(), "n"_a, "k"_a,
+        "group_size"_a, "bits"_a, "stream"_a = nb::none(), "Rows of a packed weight, dequantized.");
+  m.def("rms_norm", &mlxnb::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("rope", &mlxnb::rope, "x"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a,
+        "offset"_a, "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope's contract.");
+  m.def("silu_mul", &mlxnb::silu_mul, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(), "silu(gate) * up");
+  m.def("silu_gate", &mlxnb::silu_gate, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "silu(x[..., :H]) * x[..., H:], a fused gate-and-up projection's activation");
+  m.def("softmax", &mlxnb::softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("log_softmax", &mlxnb::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("logsumexp", &mlxnb::logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("exp", &mlxnb::exp, "x"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("isa", [] { return std::string(mlxnb::isa().name); }, "The kernel table in use.");
+  m.def("isa_list", [] { return std::string(mlxnb::isa_list()); }, "Tables this CPU can run, best first.");
+  m.def("set_isa", [](const std::string& name) { return mlxnb::set_isa(name.c_str()); }, "name"_a);
+  m.def("threads", [] { return mlxnb::Pool::instance().threads(); });
+  m.attr("mlx_version") = std::to_string(MLX_VERSION_MAJOR) + "." + std::to_string(MLX_VERSION_MINOR) + "." +
+                          std::to_string(MLX_VERSION_PATCH);
+}

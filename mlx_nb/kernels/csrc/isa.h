@@ -1,0 +1,96 @@
+// The per-instruction-set kernel table. Each kernels_<isa>.cpp fills one `Isa` with the same
+// functions; dispatch.cpp picks the best the CPU runs. Every function computes a row from that row's
+// data alone, in a fixed order, so a row's result never depends on how many rows are computed with it.
+#pragma once
+
+#include <cstdint>
+
+namespace mlxnb {
+
+constexpr int kBlock = 32;  // activation block: one int8 scale per 32 values (GGUF's Q8 block)
+constexpr int kLanes = 16;  // outputs interleaved in a packed weight (one 512-bit vector of int32 sums)
+
+constexpr int kFine = 254;  // the second int8 digit of an activation (see QActs)
+
+// Activations of one matmul, quantized row by row in blocks of 32 (see quantize_rows) to two int8
+// digits: x ~ d * (254 * hi + lo), hi = round(x * 127 / amax), lo = round((x * 127 / amax - hi) * 254).
+// One digit (llama.cpp's Q8 blocks) flips near-ties of small models' greedy choices; two keep ~15
+// bits, and cost a second dot product only where the matmul is compute-bound.
+struct QActs {
+  const int8_t* q;   // [M][K/32][64]: a block's 32 hi digits, then its 32 lo digits
+  const float* d;    // [M][K/32] block scale (amax / 127 / 254)
+  const float* sum;  // [M][K/32] d * sum(254 * hi + lo): the block's sum as quantized, so the bias
+                     // term's rounding matches the scale term's and their errors cancel as in w . x
+};
+
+// An affine-quantized weight (w = scale * q + bias per group of `group_size` inputs) packed for the
+// kernels: outputs in tiles of 16, and within a tile, for each 32-input block, the q of 4 consecutive
+// inputs of one output in one 32-bit lane, so a dot product instruction sums 4 products per output:
+//   8-bit: tile t, block b, chunk j < 8: 16 lanes x bytes (q[o][32b+4j+i], i < 4)         512 B
+//   4-bit: tile t, block b, chunk j < 4: 16 lanes x bytes q[o][32b+4j+i] | q[o][32b+16+4j+i] << 4
+//                                                                                           256 B
+// scales and biases: [tiles][K / group_size][16], float16 or float32. Outputs past N are zero.
+struct QWeight {
+  const uint8_t* q;
+  const void* scales;
+  const void* biases;
+  bool half;       // scales and biases are float16
+  int bits;        // 4 or 8
+  int group_size;  // a multiple of 32
+};
+
+struct QGemm {
+  QActs x;
+  QWeight w;
+  int64_t M, N, K;
+  float* out;  // [M][N]
+};
+
+struct Isa {
+  const char* name;
+  // x [rows][K] -> the QActs arrays for `rows` rows (K a multiple of 32; q holds 2 * K per row).
+  void (*quantize_rows)(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum);
+  // out[m][o] for every row m and every output o of tiles t0 <= t < t1.
+  void (*qgemm)(const QGemm& g, int64_t t0, int64_t t1);
+  void (*exp)(const float* x, float* y, int64_t n);
+  // y = silu(g) * u
+  void (*silu_mul)(const float* g, const float* u, float* y, int64_t n);
+  // y = x / sqrt(mean(x^2) + eps) * w, one row of n
+  void (*rms_norm)(const float* x, const float* w, float* y, int64_t n, float eps);
+  // y = softmax(x), one row of n; returns log(sum(exp(x - max))) + max, the row's logsumexp
+  float (*softmax)(const float* x, float* y, int64_t n);
+  float (*logsumexp)(const float* x, int64_t n);
+  // y[i] = x[i] - c
+  void (*sub_scalar)(const float* x, float c, float* y, int64_t n);
+};
+
+extern const Isa kPortable;
+#if defined(__x86_64__) || defined(_M_X64)
+extern const Isa kAvx2;
+extern const Isa kAvx512;
+#endif
+#if defined(__aarch64__)
+extern const Isa kNeon;
+#endif
+
+// The table in use: MLX_NB_ISA=portable|avx2|avx512|neon forces one the CPU supports.
+const Isa& isa();
+// Switches the table (tests compare them in one process); false if this CPU can't run `name`.
+bool set_isa(const char* name);
+// Names of the tables this CPU can run, best first.
+const char* isa_list();
+
+// Exact IEEE float16 -> float32.
+float half_to_float(uint16_t h);
+inline float scale_at(const void* p, bool half, int64_t i) {
+  return half ? half_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+// q of output o (< 16) of a tile at input k (< 32) of a block, from the block's packed bytes.
+inline int packed_q(const uint8_t* blk, int bits, int o, int k) {
+  if (bits == 8) return blk[(k / 4) * 64 + o * 4 + k % 4];
+  const int h = k / 16, kk = k % 16;
+  const uint8_t byte = blk[(kk / 4) * 64 + o * 4 + kk % 4];
+  return h ? byte >> 4 : byte & 0x0F;
+}
+
+}  // namespace mlxnb

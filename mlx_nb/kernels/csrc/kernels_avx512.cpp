@@ -1,0 +1,228 @@
+// AVX-512 kernels (F, BW, VL and VNNI; compiled with those flags, chosen at run time). Two weight
+// blocks per 512-bit register; VNNI's dpbusd sums u8 x s8 products straight into 32-bit lanes, so
+// 8-bit weights need no widening and nothing saturates.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "isa.h"
+#include "simd_tail.h"
+
+namespace mlxnb {
+namespace {
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hsum(__m512 v) {
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+inline float hmax(__m512 v) {
+  __m256 h = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// exp to ~1 ulp (Cephes' polynomial); exactly 0 below -87.33, as the masked entries of a softmax need.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365f), _CMP_GE_OQ);
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3365f));
+  const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+}
+
+void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum) {
+  const int64_t nb = K / kBlock;
+  const __m512 fine = _mm512_set1_ps(static_cast<float>(kFine));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * K + b * kBlock;
+      const int64_t i = r * nb + b;
+      int8_t* qb = q + i * 2 * kBlock;
+      const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+      const float amax = hmax(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+      const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      const __m512 v0 = _mm512_mul_ps(x0, id), v1 = _mm512_mul_ps(x1, id);
+      const __m512i h0 = _mm512_cvtps_epi32(v0), h1 = _mm512_cvtps_epi32(v1);
+      const __m512i l0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(h0)), fine));
+      const __m512i l1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(h1)), fine));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(h0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(h1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 32), _mm512_cvtepi32_epi8(l0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 48), _mm512_cvtepi32_epi8(l1));
+      const __m512i all = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(h0, h1), _mm512_set1_epi32(kFine)),
+                                           _mm512_add_epi32(l0, l1));
+      d[i] = amax / (127.0f * kFine);
+      sum[i] = d[i] * static_cast<float>(_mm512_reduce_add_epi32(all));
+    }
+  }
+}
+
+template <bool HALF>
+inline __m512 load16(const void* p, int64_t i) {
+  if constexpr (HALF)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+  return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// Rows m0 .. m0 + RT of the 16 outputs of tile t. Each row's arithmetic is the same whatever RT is.
+template <int BITS, bool HALF, int RT>
+inline void tile(const QGemm& g, int64_t t, int64_t m0) {
+  const int64_t nb = g.K / kBlock, ng = g.K / g.w.group_size, bpg = g.w.group_size / kBlock;
+  constexpr int64_t BB = kLanes * kBlock * BITS / 8;
+  const uint8_t* wt = g.w.q + t * nb * BB;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512 acc[RT];
+  for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t si = (t * ng + b / bpg) * kLanes;
+    const __m512 sv = load16<HALF>(g.w.scales, si), bv = load16<HALF>(g.w.biases, si);
+    __m512i w[8];  // w[j]: the q of inputs 4j .. 4j + 3 of the block, for each of the 16 outputs
+    const uint8_t* wb = wt + b * BB;
+    if constexpr (BITS == 4) {
+      for (int j = 0; j < 4; ++j) {
+        const __m512i z = _mm512_loadu_si512(wb + j * 64);
+        w[j] = _mm512_and_si512(z, nib);
+        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+      }
+    } else {
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wb + j * 64);
+    }
+    for (int r = 0; r < RT; ++r) {
+      const int64_t m = m0 + r;
+      const int8_t* xb = g.x.q + (m * nb + b) * 2 * kBlock;
+      __m512i hi = _mm512_setzero_si512(), lo = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        hi = _mm512_dpbusd_epi32(hi, w[j], bcast4(xb + 4 * j));
+        lo = _mm512_dpbusd_epi32(lo, w[j], bcast4(xb + kBlock + 4 * j));
+      }
+      // 254 * hi + lo, exact in 32 bits (|hi| <= 32 * 255 * 127)
+      const __m512i both = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), _mm512_slli_epi32(hi, 1)), lo);
+      const __m512 dot = _mm512_cvtepi32_ps(both);
+      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(sv, _mm512_set1_ps(g.x.d[m * nb + b])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(bv, _mm512_set1_ps(g.x.sum[m * nb + b]), acc[r]);
+    }
+  }
+  const int64_t left = g.N - t * kLanes;
+  const __mmask16 mask = left >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+  for (int r = 0; r < RT; ++r) _mm512_mask_storeu_ps(g.out + (m0 + r) * g.N + t * kLanes, mask, acc[r]);
+}
+
+template <int BITS, bool HALF>
+void qgemm_t(const QGemm& g, int64_t t0, int64_t t1) {
+  constexpr int RT = 4;
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t m0 = 0;
+    for (; m0 + RT <= g.M; m0 += RT) tile<BITS, HALF, RT>(g, t, m0);
+    switch (g.M - m0) {
+      case 3: tile<BITS, HALF, 3>(g, t, m0); break;
+      case 2: tile<BITS, HALF, 2>(g, t, m0); break;
+      case 1: tile<BITS, HALF, 1>(g, t, m0); break;
+      default: break;
+    }
+  }
+}
+
+void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
+  if (g.w.bits == 4) {
+    g.w.half ? qgemm_t<4, true>(g, t0, t1) : qgemm_t<4, false>(g, t0, t1);
+  } else {
+    g.w.half ? qgemm_t<8, true>(g, t0, t1) : qgemm_t<8, false>(g, t0, t1);
+  }
+}
+
+void vexp(const float* x, float* y, int64_t n) {
+  map1<16>(x, y, n, [](const float* a, float* out) { _mm512_storeu_ps(out, exp16(_mm512_loadu_ps(a))); });
+}
+
+void silu_mul(const float* g, const float* u, float* y, int64_t n) {
+  map2<16>(g, u, y, n, [](const float* a, const float* b, float* out) {
+    const __m512 gv = _mm512_loadu_ps(a);
+    const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(b)));
+  });
+}
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  __m512 ss = _mm512_setzero_ps();
+  reduce1<16>(x, n, 0.0f, [&](const float* a) {
+    const __m512 v = _mm512_loadu_ps(a);
+    ss = _mm512_fmadd_ps(v, v, ss);
+  });
+  const __m512 rv = _mm512_set1_ps(1.0f / std::sqrt(hsum(ss) / static_cast<float>(n) + eps));
+  map2<16>(x, w, y, n, [&](const float* a, const float* b, float* out) {
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(a), rv), _mm512_loadu_ps(b)));
+  });
+}
+
+float row_max(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  reduce1<16>(x, n, -INFINITY, [&](const float* a) { m = _mm512_max_ps(m, _mm512_loadu_ps(a)); });
+  return hmax(m);
+}
+
+float exp_sum(const float* x, float* y, int64_t n, float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 s = _mm512_setzero_ps();
+  map1<16>(x, y, n, [&](const float* a, float* out) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(a), mv));
+    s = _mm512_add_ps(s, e);
+    if (out) _mm512_storeu_ps(out, e);
+  }, /*pad=*/-INFINITY);
+  return hsum(s);
+}
+
+float softmax(const float* x, float* y, int64_t n) {
+  const float m = row_max(x, n);
+  if (m == -INFINITY) {
+    std::memset(y, 0, n * sizeof(float));
+    return -INFINITY;
+  }
+  const float s = exp_sum(x, y, n, m);
+  const __m512 inv = _mm512_set1_ps(1.0f / s);
+  map1<16>(y, y, n, [&](const float* a, float* out) { _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_loadu_ps(a), inv)); });
+  return m + std::log(s);
+}
+
+float logsumexp(const float* x, int64_t n) {
+  const float m = row_max(x, n);
+  if (!std::isfinite(m)) return m;
+  return m + std::log(exp_sum(x, nullptr, n, m));
+}
+
+void sub_scalar(const float* x, float c, float* y, int64_t n) {
+  const __m512 cv = _mm512_set1_ps(c);
+  map1<16>(x, y, n, [&](const float* a, float* out) { _mm512_storeu_ps(out, _mm512_sub_ps(_mm512_loadu_ps(a), cv)); });
+}
+
+}  // namespace
+
+const Isa kAvx512 = {"avx512", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar};
+
+}  // namespace mlxnb

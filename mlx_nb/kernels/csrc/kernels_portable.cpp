@@ -1,0 +1,132 @@
+// Portable kernels: plain C++, the reference every SIMD table is tested against and the path on CPUs
+// (or builds) without one. Same algorithms and data layout as the SIMD files, one value at a time.
+#include <cmath>
+#include <cstring>
+
+#include "isa.h"
+
+namespace mlxnb {
+namespace {
+
+void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum) {
+  const int64_t nb = K / kBlock;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * K + b * kBlock;
+      const int64_t i = r * nb + b;
+      int8_t* qb = q + i * 2 * kBlock;
+      float amax = 0.0f;
+      for (int j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+      const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t qs = 0;
+      for (int j = 0; j < kBlock; ++j) {
+        const float v = xb[j] * id, hi = std::nearbyint(v);
+        const float lo = std::nearbyint((v - hi) * static_cast<float>(kFine));
+        qb[j] = static_cast<int8_t>(hi);
+        qb[kBlock + j] = static_cast<int8_t>(lo);
+        qs += kFine * static_cast<int32_t>(hi) + static_cast<int32_t>(lo);
+      }
+      d[i] = amax / (127.0f * kFine);
+      sum[i] = d[i] * static_cast<float>(qs);
+    }
+  }
+}
+
+void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
+  const int64_t nb = g.K / kBlock, ng = g.K / g.w.group_size, bpg = g.w.group_size / kBlock;
+  const int64_t block_bytes = kLanes * kBlock * g.w.bits / 8;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int lanes = static_cast<int>(g.N - t * kLanes < kLanes ? g.N - t * kLanes : kLanes);
+    for (int64_t m = 0; m < g.M; ++m) {
+      for (int o = 0; o < lanes; ++o) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* blk = g.w.q + (t * nb + b) * block_bytes;
+          const int8_t* xb = g.x.q + (m * nb + b) * 2 * kBlock;
+          int32_t hi = 0, lo = 0;
+          for (int k = 0; k < kBlock; ++k) {
+            const int w = packed_q(blk, g.w.bits, o, k);
+            hi += w * xb[k];
+            lo += w * xb[kBlock + k];
+          }
+          const int64_t si = (t * ng + b / bpg) * kLanes + o;
+          const float s = scale_at(g.w.scales, g.w.half, si), bi = scale_at(g.w.biases, g.w.half, si);
+          acc = std::fma(static_cast<float>(kFine * hi + lo), s * g.x.d[m * nb + b], acc);
+          acc = std::fma(bi, g.x.sum[m * nb + b], acc);
+        }
+        g.out[m * g.N + t * kLanes + o] = acc;
+      }
+    }
+  }
+}
+
+void vexp(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+void silu_mul(const float* g, const float* u, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss = std::fma(x[i], x[i], ss);
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+float row_max(const float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, x[i]);
+  return m;
+}
+
+float softmax(const float* x, float* y, int64_t n) {
+  const float m = row_max(x, n);
+  if (m == -INFINITY) {  // every entry masked: MLX's softmax gives NaN; keep the row finite (zeros)
+    std::memset(y, 0, n * sizeof(float));
+    return -INFINITY;
+  }
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += (y[i] = std::exp(x[i] - m));
+  const float inv = 1.0f / s;
+  for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+  return m + std::log(s);
+}
+
+float logsumexp(const float* x, int64_t n) {
+  const float m = row_max(x, n);
+  if (!std::isfinite(m)) return m;
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
+  return m + std::log(s);
+}
+
+void sub_scalar(const float* x, float c, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] - c;
+}
+
+}  // namespace
+
+const Isa kPortable = {"portable", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar};
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal
+  } else if (exp == 31) {
+    f = man ? NAN : INFINITY;
+  } else {
+    uint32_t bits = ((exp + 112) << 23) | (man << 13);
+    std::memcpy(&f, &bits, 4);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits |= sign;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace mlxnb

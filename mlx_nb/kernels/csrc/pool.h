@@ -1,0 +1,46 @@
+// A small thread pool for the kernels: the calling thread takes part, workers spin briefly between
+// jobs (a decode step runs hundreds of short kernels back to back) and then sleep, so they leave the
+// cores to BLAS and Python when no kernel runs.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace mlxnb {
+
+class Pool {
+ public:
+  static Pool& instance();
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+  // Runs fn(i) for every i in [0, n) across the pool and the caller; returns when all are done.
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+  ~Pool();
+
+ private:
+  explicit Pool(int threads, int spin_us);
+  void work(int id);
+  void run_tasks();
+
+  std::vector<std::thread> workers_;
+  std::mutex call_mutex_;  // one job at a time
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> sleeping_{0};
+  std::atomic<int> busy_{0};
+  std::atomic<int64_t> next_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  int spin_us_;
+};
+
+// Threads the kernels use (MLX_NB_THREADS, else the CPUs this process may run on).
+int default_threads();
+
+}  // namespace mlxnb

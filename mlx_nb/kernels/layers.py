@@ -1,0 +1,135 @@
+"""Modules that run on the kernels, called exactly like the MLX / mlx_lm modules they replace.
+
+Their arrays are ordinary parameters (so `model.parameters()` counts what is really held), and their
+plain attributes say what the packed weights are. `swap.py` builds them from a loaded model's modules.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlx_nb.kernels import native
+from mlx_nb.kernels.packing import pack
+
+
+class QLinear(nn.Module):
+    """y = x W^T (+ bias) for a 4/8-bit affine W in the kernels' packed layout."""
+
+    def __init__(self, packed: mx.array, scales: mx.array, biases: mx.array, *, input_dims: int,
+                 output_dims: int, group_size: int, bits: int, bias: Optional[mx.array] = None):
+        super().__init__()
+        self.packed, self.scales, self.biases = packed, scales, biases
+        if bias is not None:
+            self.bias = bias
+        self.input_dims, self.output_dims = input_dims, output_dims
+        self.group_size, self.bits = group_size, bits
+
+    @classmethod
+    def from_quantized(cls, m: nn.QuantizedLinear) -> "QLinear":
+        return cls.from_parts(m.weight, m.scales, m.biases, m.group_size, m.bits, m.get("bias"))
+
+    @classmethod
+    def from_linear(cls, m: nn.Linear, bits: int, group_size: int = 32) -> "QLinear":
+        w, s, b = mx.quantize(m.weight.astype(mx.float16), group_size=group_size, bits=bits)
+        return cls.from_parts(w, s, b, group_size, bits, m.get("bias"))
+
+    @classmethod
+    def from_parts(cls, w, scales, biases, group_size: int, bits: int, bias=None) -> "QLinear":
+        packed, s, b = pack(w, scales, biases, group_size, bits)
+        return cls(packed, s, b, input_dims=w.shape[1] * 32 // bits, output_dims=w.shape[0],
+                   group_size=group_size, bits=bits, bias=None if bias is None else bias.astype(mx.float32))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = native().qmatmul(x, self.packed, self.scales, self.biases, n=self.output_dims,
+                             group_size=self.group_size, bits=self.bits)
+        return y + self["bias"] if "bias" in self else y
+
+    def _extra_repr(self) -> str:
+        return f"{self.input_dims}, {self.output_dims}, bits={self.bits}, group_size={self.group_size}"
+
+
+class QEmbedding(nn.Module):
+    """A quantized embedding on the packed layout: lookups dequantize rows, `as_linear` is the tied
+    output layer on the matmul kernel."""
+
+    def __init__(self, packed: mx.array, scales: mx.array, biases: mx.array, *, num_embeddings: int, dims: int,
+                 group_size: int, bits: int):
+        super().__init__()
+        self.packed, self.scales, self.biases = packed, scales, biases
+        self.num_embeddings, self.dims = num_embeddings, dims
+        self.group_size, self.bits = group_size, bits
+
+    @classmethod
+    def from_quantized(cls, m: nn.QuantizedEmbedding) -> "QEmbedding":
+        return cls.from_parts(m.weight, m.scales, m.biases, m.group_size, m.bits)
+
+    @classmethod
+    def from_embedding(cls, m: nn.Embedding, bits: int, group_size: int = 32) -> "QEmbedding":
+        w, s, b = mx.quantize(m.weight.astype(mx.float16), group_size=group_size, bits=bits)
+        return cls.from_parts(w, s, b, group_size, bits)
+
+    @classmethod
+    def from_parts(cls, w, scales, biases, group_size: int, bits: int) -> "QEmbedding":
+        packed, s, b = pack(w, scales, biases, group_size, bits)
+        return cls(packed, s, b, num_embeddings=w.shape[0], dims=w.shape[1] * 32 // bits,
+                   group_size=group_size, bits=bits)
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return native().qgather(ids, self.packed, self.scales, self.biases, n=self.num_embeddings, k=self.dims,
+                                group_size=self.group_size, bits=self.bits)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return native().qmatmul(x, self.packed, self.scales, self.biases, n=self.num_embeddings,
+                                group_size=self.group_size, bits=self.bits)
+
+    def _extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.dims}, bits={self.bits}, group_size={self.group_size}"
+
+
+class RMSNorm(nn.Module):
+    """nn.RMSNorm in one fused kernel (MLX's CPU fallback is six ops)."""
+
+    def __init__(self, weight: mx.array, eps: float):
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return native().rms_norm(x, self.weight, self.eps)
+
+
+class RoPE(nn.Module):
+    """nn.RoPE (mx.fast.rope's contract, per-row offsets included) in one kernel; the angles are
+    computed once per step and shared by every layer's queries and keys."""
+
+    def __init__(self, dims: int, traditional: bool, base: Optional[float], scale: float,
+                 freqs: Optional[mx.array] = None):
+        super().__init__()
+        self.dims, self.traditional, self.base, self.scale = dims, traditional, base, scale
+        if freqs is not None:
+            self._freqs = freqs
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        if not isinstance(offset, mx.array):
+            offset = mx.array(offset, dtype=mx.int32)
+        return native().rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
+                             offset=offset, freqs=self.get("_freqs"))
+
+    def _extra_repr(self) -> str:
+        return f"{self.dims}, traditional={self.traditional}"
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)) with gate and up as one projection and one activation kernel."""
+
+    def __init__(self, gate_up: nn.Module, down_proj: nn.Module, hidden: int):
+        super().__init__()
+        self.gate_up = gate_up
+        self.down_proj = down_proj
+        self.hidden = hidden
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(native().silu_gate(self.gate_up(x)))
