@@ -51,6 +51,11 @@ class MLXExtension(ExtensionApp):
     model = Unicode(DEFAULT_MODEL, help="Model to serve: a built-in name, a local path, a .gguf file or a hub id.").tag(
         config=True
     )
+    quantize = Int(
+        None, allow_none=True,
+        help="Quantize a float checkpoint to 4 or 8 bits at load, for the CPU kernels (None: $MLX_NB_QUANTIZE, else "
+        "keep it float). Quantized checkpoints (GGUF, mlx-community 4/8-bit) run as shipped either way.",
+    ).tag(config=True)
     max_batch = Int(32, help="Most requests decoded together in one batch.").tag(config=True)
     prefill_batch = Int(
         32, help="Most requests whose prompts are read together in one prefill step (padded to the longest chunk)."
@@ -198,6 +203,7 @@ class MLXExtension(ExtensionApp):
     def engine_options(self) -> dict:
         """The Engine's keyword arguments, from this extension's config."""
         return dict(
+            quantize=self.quantize,
             max_batch=self.max_batch,
             prefill_batch=self.prefill_batch,
             prefill_step_size=self.prefill_step_size,

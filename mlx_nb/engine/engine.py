@@ -59,6 +59,7 @@ class Engine:
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 40_000_000,
         batch_policy: Optional[str] = None,
+        quantize: Optional[int] = None,
         wait: bool = False,
     ):
         from mlx_nb.models.sources import DEFAULT_MODEL
@@ -83,8 +84,10 @@ class Engine:
             raise ValueError(f"batch_policy must be None, 'batched' or 'prefill_alone', not {batch_policy!r}")
         self.memory_options = dict(memory_limit=memory_limit, buffer_cache_bytes=buffer_cache_bytes)
         self.load_progress = LoadProgress()  # the load's phase, for status() while it runs
+        # quantize (4 or 8): a float checkpoint's layers quantized for the CPU kernels at load
+        # (default $MLX_NB_QUANTIZE; quantized checkpoints run as shipped either way).
         self._loop = EngineLoop(self.model_name, self.options, self.prefix_options, self.memory_options,
-                                self.event_log, batch_policy, self.load_progress)
+                                self.event_log, batch_policy, self.load_progress, load_options=dict(quantize=quantize))
         self._started = time.time()
         self._ids = itertools.count(1)
         self._job = workers.start(self._loop.run)
@@ -303,6 +306,8 @@ class Engine:
             "prefill_chunk": runner.pacer.chunk,
             "prefill_batch": runner.prefill_batch,  # 1 when the policy prefills prompts one at a time
             "policy": self._loop.policy.to_dict(),
+            # which layers run on the CPU kernels (mlx_nb.kernels.swap), None on MLX's own ops
+            "kernels": self.loaded.kernels,
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,

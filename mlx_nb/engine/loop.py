@@ -31,8 +31,10 @@ class EngineClosedError(RuntimeError):
 
 class EngineLoop:
     def __init__(self, model_name: str, options: dict, prefix_options: dict, memory_options: dict,
-                 event_log: EventLog, forced_policy: Optional[str] = None, load_progress=None):
+                 event_log: EventLog, forced_policy: Optional[str] = None, load_progress=None,
+                 load_options: Optional[dict] = None):
         self.model_name = model_name
+        self.load_options = load_options or {}
         self.options = options
         self.prefix_options = prefix_options
         self.memory_options = memory_options
@@ -99,7 +101,7 @@ class EngineLoop:
         from mlx_nb.runtime import runtime_info
 
         self.runtime = runtime_info()
-        loaded = load_model(self.model_name)
+        loaded = load_model(self.model_name, **self.load_options)
         self.policy = policy_for(loaded, self.forced_policy)
         if self.policy.mode == "refused":
             raise ModelLoadError(refusal(self.model_name, self.policy))

@@ -1,8 +1,10 @@
 """Per-request samplers and logits processors, built on mlx_lm's sample_utils.
 
-Unseeded requests with equal settings share one sampler object: BatchGenerator then samples the
-whole batch in one call instead of row by row. A seeded request gets its own random key stream,
-so its output does not depend on what else is in the batch.
+A `TokenSampler` holds a request's settings. Called on log-probabilities it samples as mlx_lm's
+`make_sampler` would (on the CPU kernels when they are built); our decode step (`decode.py`) instead
+samples every row of the batch that has one in a single kernel call, from the raw logits.
+Unseeded requests with equal settings share one sampler object. A seeded request gets its own
+random key stream, so its output does not depend on what else is in the batch.
 """
 
 from __future__ import annotations
@@ -41,49 +43,90 @@ def validate(p: SamplingParams, vocab_size: Optional[int] = None) -> None:
             raise RequestError(message, field)
 
 
+class TokenSampler:
+    """A request's sampling settings as an mlx_lm sampler (`sampler(logprobs) -> token ids`), plus
+    what the decode step reads: the settings, whether the request wants log-probabilities, and its
+    uniform draws (from its own key when seeded)."""
+
+    def __init__(self, p: SamplingParams, seeded: bool):
+        self.temperature, self.top_p, self.top_k, self.min_p = p.temperature, p.top_p, p.top_k, p.min_p
+        self.wants_logprobs = p.logprobs > 0
+        self._key = None
+        if seeded:
+            import mlx.core as mx
+
+            self._key = mx.random.key(p.seed)
+        self._mlx = None
+
+    @property
+    def seeded(self) -> bool:
+        return self._key is not None
+
+    def uniform(self, n: int):
+        """n uniform numbers in [0, 1): from this request's key stream when seeded."""
+        import mlx.core as mx
+
+        if self._key is None:
+            return mx.random.uniform(shape=(n,))
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.uniform(shape=(n,), key=sub)
+
+    def __call__(self, logprobs):
+        import mlx.core as mx
+
+        from mlx_nb import kernels
+
+        if self.temperature == 0:
+            return mx.argmax(logprobs, axis=-1)
+        if kernels.available():
+            rows = logprobs.shape[0]
+            full = lambda v, dtype=mx.float32: mx.full((rows,), v, dtype=dtype)  # noqa: E731
+            return kernels.native().sample(
+                logprobs, temperature=full(self.temperature), top_p=full(self.top_p),
+                top_k=full(self.top_k, mx.int32), min_p=full(self.min_p), uniform=self.uniform(rows))
+        return self._fallback(logprobs)
+
+    def _fallback(self, logprobs):
+        """mlx_lm's own sampler for these settings (MLX ops), with this request's key when seeded."""
+        import mlx.core as mx
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
+
+        if self._key is None:
+            if self._mlx is None:
+                self._mlx = make_sampler(temp=self.temperature, top_p=self.top_p, min_p=self.min_p, top_k=self.top_k)
+            return self._mlx(logprobs)
+        if 0 < self.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p > 0:
+            logprobs = apply_min_p(logprobs, self.min_p)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=sub)
+
+
 class SamplerCache:
     """Hands out shared samplers by setting; seeded requests get a private one. Holds the
     `capacity` most recently used settings, so clients sweeping temperatures can't grow it."""
 
     def __init__(self, capacity: int = 64):
         self.capacity = capacity
-        self._shared: OrderedDict[tuple, Callable] = OrderedDict()
+        self._shared: OrderedDict[tuple, TokenSampler] = OrderedDict()
 
-    def get(self, p: SamplingParams) -> Callable:
-        from mlx_lm.sample_utils import make_sampler
-
+    def get(self, p: SamplingParams) -> TokenSampler:
         if p.seed is not None and p.temperature > 0:
-            return _seeded_sampler(p)
+            return TokenSampler(p, seeded=True)
         key = p.sampler_key()
         if key in self._shared:
             self._shared.move_to_end(key)
         else:
-            self._shared[key] = make_sampler(temp=p.temperature, top_p=p.top_p, min_p=p.min_p, top_k=p.top_k)
+            self._shared[key] = TokenSampler(p, seeded=False)
             while len(self._shared) > self.capacity:
                 self._shared.popitem(last=False)
         return self._shared[key]
 
     def __len__(self) -> int:
         return len(self._shared)
-
-
-def _seeded_sampler(p: SamplingParams) -> Callable:
-    import mlx.core as mx
-    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
-
-    state = {"key": mx.random.key(p.seed)}
-
-    def sampler(logprobs):
-        if 0 < p.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, p.top_p)
-        if p.min_p > 0:
-            logprobs = apply_min_p(logprobs, p.min_p)
-        if p.top_k > 0:
-            logprobs = apply_top_k(logprobs, p.top_k)
-        state["key"], sub = mx.random.split(state["key"])
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
-
-    return sampler
 
 
 def logits_processors(p: SamplingParams, extra: Optional[list] = None) -> list:

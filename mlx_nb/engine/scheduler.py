@@ -60,10 +60,10 @@ class BatchRunner:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _new_generator(self):
-        from mlx_lm.generate import BatchGenerator
+        from mlx_nb.engine.decode import Generator
 
         eos = sorted(getattr(self.loaded.tokenizer, "eos_token_ids", []) or [])
-        return BatchGenerator(
+        return Generator(
             self.loaded.model,
             stop_tokens=[[t] for t in eos],
             completion_batch_size=self.max_batch,

@@ -92,7 +92,7 @@ class SamplingParams:
 
     def sampler_key(self) -> tuple:
         """Requests with equal keys share one sampler object, so the batch samples in one call."""
-        return (self.temperature, self.top_p, self.top_k, self.min_p)
+        return (self.temperature, self.top_p, self.top_k, self.min_p, self.logprobs > 0)
 
 
 @dataclass

@@ -133,3 +133,32 @@ class SwiGLU(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(native().silu_gate(self.gate_up(x)))
+
+
+class Attention(nn.Module):
+    """mlx_lm's llama-family attention (q/k/v/o projections, RoPE, grouped heads, any KV cache) with
+    q, k and v as one projection, their split and RoPE as one kernel, and attention as one kernel
+    that reads the cache's keys and values in place."""
+
+    def __init__(self, qkv: nn.Module, o_proj: nn.Module, rope: RoPE, n_heads: int, n_kv_heads: int,
+                 head_dim: int, scale: float):
+        super().__init__()
+        self.qkv = qkv
+        self.o_proj = o_proj
+        self.rope = rope
+        self.n_heads, self.n_kv_heads, self.head_dim, self.scale = n_heads, n_kv_heads, head_dim, scale
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        offset = 0 if cache is None else cache.offset
+        if not isinstance(offset, mx.array):
+            offset = mx.array(offset, dtype=mx.int32)
+        r = self.rope
+        q, k, v = native().qkv_rope(self.qkv(x), heads=self.n_heads, kv_heads=self.n_kv_heads,
+                                    head_dim=self.head_dim, dims=r.dims, traditional=r.traditional, base=r.base,
+                                    scale=r.scale, offset=offset, freqs=r.get("_freqs"))
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        causal = isinstance(mask, str) and mask == "causal"
+        out = native().attention(q, k, v, scale=self.scale, causal=causal,
+                                 mask=None if isinstance(mask, str) else mask)
+        return self.o_proj(out)

@@ -9,7 +9,10 @@ where the class alone does not prove it.
   (group size 32, as GGUF's Q4/Q8 blocks), for checkpoints shipped in float.
 - A gate / up / down MLP whose output is down(silu(gate(x)) * up(x)) -> `SwiGLU` with gate and up
   fused; accepted only if it matches the original module on a random input.
-- `nn.RMSNorm`, `nn.RoPE` -> fused kernels. Anything else is left as it is and runs on MLX's ops.
+- `nn.RMSNorm`, `nn.RoPE` -> fused kernels.
+- A llama-family attention (q/k/v/o projections and a RoPE, nothing else) -> `Attention`, with q/k/v
+  fused and the attention kernel; accepted only if it matches the original on a random input.
+Anything else is left as it is and runs on MLX's ops.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Callable, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlx_nb.kernels.layers import QEmbedding, QLinear, RMSNorm, RoPE, SwiGLU
+from mlx_nb.kernels.layers import Attention, QEmbedding, QLinear, RMSNorm, RoPE, SwiGLU
 
 BITS = (4, 8)
 
@@ -112,7 +115,61 @@ def _fused_swiglu(m: nn.Module) -> Optional[SwiGLU]:
     x = mx.random.normal((2, 3, dims), key=mx.random.key(0))
     want, got = m(x), fused(x)
     err = float(mx.linalg.norm(want - got) / (mx.linalg.norm(want) + 1e-12))
-    return fused if err < 0.05 else None
+    return fused if err < 1e-3 else None  # the same projections: only the activation kernel differs
+
+
+def _concat_linears(parts: list) -> Optional[nn.Module]:
+    """One projection computing `parts` side by side (all packed alike, or all float), or None."""
+    kinds = {_linear_parts(p)[0] for p in parts}
+    if kinds == {"q"}:
+        first = parts[0]
+        if any((p.bits, p.group_size, p.input_dims, p.scales.dtype) != (first.bits, first.group_size, first.input_dims,
+                                                                         first.scales.dtype) for p in parts):
+            return None
+        if any(p.output_dims % 16 for p in parts[:-1]) or len({"bias" in p for p in parts}) > 1:
+            return None
+        bias = mx.concatenate([p.bias for p in parts]) if "bias" in first else None
+        return QLinear(mx.concatenate([p.packed for p in parts]), mx.concatenate([p.scales for p in parts]),
+                       mx.concatenate([p.biases for p in parts]), input_dims=first.input_dims,
+                       output_dims=sum(p.output_dims for p in parts), group_size=first.group_size, bits=first.bits,
+                       bias=bias)
+    if kinds == {"f"}:
+        if len({p.weight.shape[1] for p in parts}) > 1 or len({"bias" in p for p in parts}) > 1:
+            return None
+        fused = nn.Linear(parts[0].weight.shape[1], sum(p.weight.shape[0] for p in parts), bias="bias" in parts[0])
+        fused.weight = mx.concatenate([p.weight for p in parts])
+        if "bias" in parts[0]:
+            fused.bias = mx.concatenate([p.bias for p in parts])
+        return fused
+    return None
+
+
+def _fused_attention(m: nn.Module) -> Optional[Attention]:
+    """An Attention for a llama-family attention module, if it computes the same thing."""
+    if set(m.keys()) != {"q_proj", "k_proj", "v_proj", "o_proj", "rope"} or not isinstance(m["rope"], RoPE):
+        return None
+    heads, kv_heads = getattr(m, "n_heads", None), getattr(m, "n_kv_heads", None)
+    head_dim, scale = getattr(m, "head_dim", None), getattr(m, "scale", None)
+    if not all(isinstance(v, int) for v in (heads, kv_heads, head_dim)) or not isinstance(scale, float):
+        return None
+    qkv = _concat_linears([m["q_proj"], m["k_proj"], m["v_proj"]])
+    if qkv is None:
+        return None
+    fused = Attention(qkv, m["o_proj"], m["rope"], heads, kv_heads, head_dim, scale)
+    from mlx_lm.models.cache import KVCache
+
+    dims = m["q_proj"].input_dims if isinstance(m["q_proj"], QLinear) else m["q_proj"].weight.shape[1]
+    x = mx.random.normal((2, 5, dims), key=mx.random.key(1))
+    try:
+        c1, c2 = KVCache(), KVCache()
+        want = [m(x, mask="causal", cache=c1), m(x[:, :1], cache=c1)]
+        got = [fused(x, mask="causal", cache=c2), fused(x[:, :1], cache=c2)]
+    except Exception:  # an attention whose call differs from the llama family's
+        return None
+    for w, g in zip(want, got):
+        if w.shape != g.shape or float(mx.linalg.norm(w - g) / (mx.linalg.norm(w) + 1e-12)) > 1e-3:
+            return None
+    return fused
 
 
 def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model: Optional[nn.Module] = None) -> dict:
@@ -132,6 +189,11 @@ def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model:
         return None
 
     _replace_children(model, quantized)
+
+    def checked(fused: Optional[nn.Module], kind: str, refused: str) -> Optional[nn.Module]:
+        """A fused module that matched its original, counted; or None (the original stays), counted."""
+        (done if fused is not None else left)[kind if fused is not None else refused] += 1
+        return fused
 
     if quantize:
         if quantize not in BITS:
@@ -156,13 +218,16 @@ def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model:
             done["rope"] += 1
             return RoPE(m.dims, m.traditional, m.base, m.scale)
         if "gate_proj" in m and "down_proj" in m:
-            f = _fused_swiglu(m)
-            if f is not None:
-                done["swiglu mlp"] += 1
-                return f
-            left["mlp kept (not a plain SwiGLU)"] += 1
+            return checked(_fused_swiglu(m), "swiglu mlp", "mlp kept (not a plain SwiGLU)")
         return None
 
     _replace_children(model, fused)
+
+    def attention(path: str, m: nn.Module):
+        if "q_proj" in m and "o_proj" in m and "rope" in m:
+            return checked(_fused_attention(m), "attention", "attention kept (not a plain llama-family attention)")
+        return None
+
+    _replace_children(model, attention)
     mx.eval(model.parameters())
     return {"swapped": dict(done), "kept": dict(left)}

@@ -29,14 +29,20 @@ def expected(loaded, messages):
     return [t for t in greedy_alone(loaded, prompt_tokens(loaded, messages), MAX_TOKENS) if t not in eos]
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"])
+# Each fixture as shipped (float), and quantized so its linears run on the CPU kernels' packed
+# 4/8-bit matmul (the default model's path).
+CASES = [("tiny-llama", None), ("tiny-qwen3.5", None), ("tiny-gemma3", None), ("tiny-falcon-h1", None),
+         ("tiny-llama", 4), ("tiny-qwen3.5", 8), ("tiny-gemma3", 4), ("tiny-falcon-h1", 8)]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{n}-q{q}" if q else n for n, q in CASES])
 def model_case(request):
-    name = request.param
-    loaded = load_model(name)
+    name, quantize = request.param
+    loaded = load_model(name, quantize=quantize)
     chats = [chat(i) for i in range(8)]
     refs = [expected(loaded, c) for c in chats]
     del loaded
-    with Engine(name, max_batch=8, prefill_batch=4, prefill_step_size=16, wait=True) as engine:
+    with Engine(name, quantize=quantize, max_batch=8, prefill_batch=4, prefill_step_size=16, wait=True) as engine:
         yield name, engine, chats, refs
 
 

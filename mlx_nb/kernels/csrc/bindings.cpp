@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "isa.h"
 #include "mlx/version.h"
@@ -22,6 +23,11 @@ NB_MODULE(_native, m) {
   m.def("rms_norm", &mlxnb::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("rope", &mlxnb::rope, "x"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a,
         "offset"_a, "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope's contract.");
+  m.def("qkv_rope", &mlxnb::qkv_rope, "qkv"_a, nb::kw_only(), "heads"_a, "kv_heads"_a, "head_dim"_a, "dims"_a,
+        "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a, "freqs"_a = nb::none(), "stream"_a = nb::none(),
+        "Split a fused q/k/v projection into heads, RoPE on q and k.");
+  m.def("attention", &mlxnb::attention, "q"_a, "k"_a, "v"_a, nb::kw_only(), "scale"_a, "causal"_a = false,
+        "mask"_a = nb::none(), "stream"_a = nb::none(), "Scaled dot-product attention; returns [B, L, H * D].");
   m.def("silu_mul", &mlxnb::silu_mul, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(), "silu(gate) * up");
   m.def("silu_gate", &mlxnb::silu_gate, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(x[..., :H]) * x[..., H:], a fused gate-and-up projection's activation");
@@ -29,6 +35,8 @@ NB_MODULE(_native, m) {
   m.def("log_softmax", &mlxnb::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("logsumexp", &mlxnb::logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("exp", &mlxnb::exp, "x"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("sample", &mlxnb::sample, "logits"_a, nb::kw_only(), "temperature"_a, "top_p"_a, "top_k"_a, "min_p"_a,
+        "uniform"_a, "stream"_a = nb::none(), "A token per row: mlx_lm's sampler semantics, per-row settings.");
   m.def("isa", [] { return std::string(mlxnb::isa().name); }, "The kernel table in use.");
   m.def("isa_list", [] { return std::string(mlxnb::isa_list()); }, "Tables this CPU can run, best first.");
   m.def("set_isa", [](const std::string& name) { return mlxnb::set_isa(name.c_str()); }, "name"_a);

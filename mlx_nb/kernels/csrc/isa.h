@@ -46,6 +46,23 @@ struct QGemm {
   float* out;  // [M][N]
 };
 
+// One query row of scaled dot-product attention over keys 0 .. limit - 1 (keys at or past `limit`,
+// and keys a boolean mask refuses, are skipped). Keys are visited in order and each key's weight is
+// added one at a time, so a row's result depends only on its own keys: left padding a batch adds
+// skipped keys, never a change in the sums.
+struct AttnRow {
+  const float* q;          // [D]
+  const float* k;          // key j at k + j * k_stride, [D] contiguous
+  const float* v;          // value j at v + j * v_stride
+  int64_t k_stride, v_stride, limit, D;
+  float scale;
+  const float* add_mask;   // additive mask, entry j at add_mask[j * mask_stride], or null
+  const uint8_t* keep;     // boolean mask (nonzero keeps key j), entry j at keep[j * mask_stride], or null
+  int64_t mask_stride;
+  float* scores;           // scratch, >= limit floats
+  float* out;              // [D]
+};
+
 struct Isa {
   const char* name;
   // x [rows][K] -> the QActs arrays for `rows` rows (K a multiple of 32; q holds 2 * K per row).
@@ -62,6 +79,8 @@ struct Isa {
   float (*logsumexp)(const float* x, int64_t n);
   // y[i] = x[i] - c
   void (*sub_scalar)(const float* x, float c, float* y, int64_t n);
+  // One query row of attention (see AttnRow).
+  void (*attn_row)(const struct AttnRow& a);
 };
 
 extern const Isa kPortable;

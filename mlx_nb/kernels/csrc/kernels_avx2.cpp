@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "isa.h"
+#include "attn_row.h"
 #include "simd_tail.h"
 
 namespace mlxnb {
@@ -227,8 +228,22 @@ void sub_scalar(const float* x, float c, float* y, int64_t n) {
   map1<8>(x, y, n, [&](const float* a, float* out) { _mm256_storeu_ps(out, _mm256_sub_ps(_mm256_loadu_ps(a), cv)); });
 }
 
+// This instruction set's vector operations, for the kernels written once over them (attn_row.h).
+struct Vec {
+  static constexpr int W = 8;
+  using reg = __m256;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static reg set1(float x) { return _mm256_set1_ps(x); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static float hsum(reg v) { return mlxnb::hsum(v); }
+  static reg exp(reg v) { return exp8(v); }
+};
+
 }  // namespace
 
-const Isa kAvx2 = {"avx2", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar};
+const Isa kAvx2 = {"avx2", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar, attn_row_t<Vec>};
 
 }  // namespace mlxnb

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "isa.h"
+#include "attn_row.h"
 #include "simd_tail.h"
 
 namespace mlxnb {
@@ -117,11 +118,16 @@ inline void tile(const QGemm& g, int64_t t, int64_t m0) {
     for (int r = 0; r < RT; ++r) {
       const int64_t m = m0 + r;
       const int8_t* xb = g.x.q + (m * nb + b) * 2 * kBlock;
-      __m512i hi = _mm512_setzero_si512(), lo = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) {
-        hi = _mm512_dpbusd_epi32(hi, w[j], bcast4(xb + 4 * j));
-        lo = _mm512_dpbusd_epi32(lo, w[j], bcast4(xb + kBlock + 4 * j));
+      // Four independent chains (digit x even/odd chunk): dpbusd's latency, not its throughput,
+      // bounds a single row.
+      __m512i hi0 = _mm512_setzero_si512(), hi1 = hi0, lo0 = hi0, lo1 = hi0;
+      for (int j = 0; j < 8; j += 2) {
+        hi0 = _mm512_dpbusd_epi32(hi0, w[j], bcast4(xb + 4 * j));
+        lo0 = _mm512_dpbusd_epi32(lo0, w[j], bcast4(xb + kBlock + 4 * j));
+        hi1 = _mm512_dpbusd_epi32(hi1, w[j + 1], bcast4(xb + 4 * j + 4));
+        lo1 = _mm512_dpbusd_epi32(lo1, w[j + 1], bcast4(xb + kBlock + 4 * j + 4));
       }
+      const __m512i hi = _mm512_add_epi32(hi0, hi1), lo = _mm512_add_epi32(lo0, lo1);
       // 254 * hi + lo, exact in 32 bits (|hi| <= 32 * 255 * 127)
       const __m512i both = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), _mm512_slli_epi32(hi, 1)), lo);
       const __m512 dot = _mm512_cvtepi32_ps(both);
@@ -221,8 +227,22 @@ void sub_scalar(const float* x, float c, float* y, int64_t n) {
   map1<16>(x, y, n, [&](const float* a, float* out) { _mm512_storeu_ps(out, _mm512_sub_ps(_mm512_loadu_ps(a), cv)); });
 }
 
+// This instruction set's vector operations, for the kernels written once over them (attn_row.h).
+struct Vec {
+  static constexpr int W = 16;
+  using reg = __m512;
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  static reg set1(float x) { return _mm512_set1_ps(x); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static float hsum(reg v) { return mlxnb::hsum(v); }
+  static reg exp(reg v) { return exp16(v); }
+};
+
 }  // namespace
 
-const Isa kAvx512 = {"avx512", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar};
+const Isa kAvx512 = {"avx512", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar, attn_row_t<Vec>};
 
 }  // namespace mlxnb

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "attn_row.h"
 #include "isa.h"
 
 namespace mlxnb {
@@ -106,9 +107,24 @@ void sub_scalar(const float* x, float c, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] - c;
 }
 
+// One float at a time, for the kernels written once over vector operations (attn_row.h).
+struct Scalar {
+  static constexpr int W = 1;
+  using reg = float;
+  static reg zero() { return 0.0f; }
+  static reg load(const float* p) { return *p; }
+  static void store(float* p, reg v) { *p = v; }
+  static reg set1(float x) { return x; }
+  static reg fmadd(reg a, reg b, reg c) { return std::fma(a, b, c); }
+  static reg sub(reg a, reg b) { return a - b; }
+  static float hsum(reg v) { return v; }
+  static reg exp(reg v) { return std::exp(v); }
+};
+
 }  // namespace
 
-const Isa kPortable = {"portable", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar};
+const Isa kPortable = {"portable", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar,
+                       attn_row_t<Scalar>};
 
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;

@@ -22,6 +22,16 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::S
 // mx.fast.rope's contract: x [B, ..., L, D], offset a scalar or one per batch row.
 mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
                const mx::array& offset, const std::optional<mx::array>& freqs, mx::StreamOrDevice s = {});
+// Splits a fused projection [B, L, (heads + 2 kv_heads) * head_dim] into q [B, heads, L, head_dim],
+// k and v [B, kv_heads, L, head_dim], with RoPE (mx.fast.rope's arguments) applied to q and k.
+std::vector<mx::array> qkv_rope(const mx::array& qkv, int heads, int kv_heads, int head_dim, int dims, bool traditional,
+                                std::optional<float> base, float scale, const mx::array& offset,
+                                const std::optional<mx::array>& freqs, mx::StreamOrDevice s = {});
+// softmax(q k^T * scale + mask) v for q [B, H, L, D], k and v [B, Hk, S, D] (Hk dividing H); mask a
+// boolean (true keeps) or additive array broadcasting to [B, H, L, S], or causal (queries aligned to
+// the last keys). Returns [B, L, H * D].
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
+                    const std::optional<mx::array>& mask, mx::StreamOrDevice s = {});
 mx::array silu_mul(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
 // silu(x[..., :H]) * x[..., H:] for x [..., 2H]: the output of a fused gate-and-up projection.
 mx::array silu_gate(const mx::array& x, mx::StreamOrDevice s = {});
@@ -30,5 +40,9 @@ mx::array softmax(const mx::array& x, mx::StreamOrDevice s = {});
 mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
 mx::array logsumexp(const mx::array& x, mx::StreamOrDevice s = {});  // keeps the last axis as 1
 mx::array exp(const mx::array& x, mx::StreamOrDevice s = {});
+// One token per row of logits [B, V] with mlx_lm's make_sampler semantics and per-row settings
+// (temperature 0 is argmax), drawn by inverse CDF from `uniform` (one number in [0, 1) per row).
+mx::array sample(const mx::array& logits, const mx::array& temperature, const mx::array& top_p, const mx::array& top_k,
+                 const mx::array& min_p, const mx::array& uniform, mx::StreamOrDevice s = {});
 
 }  // namespace mlxnb

@@ -1,0 +1,122 @@
+"""Our decode step: mlx_lm's BatchGenerator with its decode batch's `_step` replaced by one that
+does only the work a request asked for.
+
+mlx_lm's `GenerationBatch._step` normalizes every row's logits over the whole vocabulary
+(`logits - logsumexp(logits)`) each step and hands the result to per-row samplers; on the CPU that
+normalization and MLX's Gumbel-max categorical cost more than the model's own forward at 32 rows.
+`DecodeBatch._step` keeps the rest of the step as it is (forward, logits processors, the async
+pipelining, the bookkeeping the batch's other methods read) and:
+- computes log-probabilities only for rows that want them (`logprobs` requests and callers' own
+  samplers, which take log-probabilities), with the CPU kernels' log-softmax when they are built;
+- samples every row holding a `TokenSampler` in one call: argmax at temperature 0, else the kernels'
+  sampler (mlx_lm's top-p / min-p / top-k semantics, one uniform draw per row; a seeded request
+  draws from its own key), and MLX's ops for these rows when the kernels are not built.
+A request's first token is sampled by mlx_lm's own step, where its prompt batch joins.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+
+from mlx_nb import kernels
+from mlx_nb.engine.sampling import TokenSampler
+
+
+def _log_softmax(logits: mx.array) -> mx.array:
+    if kernels.available():
+        return kernels.native().log_softmax(logits)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def sample_rows(logits: mx.array, samplers: list, logprobs: Optional[mx.array]) -> mx.array:
+    """One token id per row: `samplers[e]` for row e (a TokenSampler, or any mlx_lm sampler, which
+    gets that row's log-probabilities)."""
+    rows = logits.shape[0]
+    native = [e for e, s in enumerate(samplers) if isinstance(s, TokenSampler)]
+    tokens = [None] * rows
+    if native:
+        picked = logits if len(native) == rows else logits[mx.array(native)]
+        ts = [samplers[e] for e in native]
+        if all(s.temperature == 0 for s in ts):
+            out = mx.argmax(picked, axis=-1)
+        elif kernels.available():
+            out = kernels.native().sample(
+                picked,
+                temperature=mx.array([s.temperature for s in ts], dtype=mx.float32),
+                top_p=mx.array([s.top_p for s in ts], dtype=mx.float32),
+                top_k=mx.array([s.top_k for s in ts], dtype=mx.int32),
+                min_p=mx.array([s.min_p for s in ts], dtype=mx.float32),
+                uniform=_uniforms(ts),
+            )
+        else:
+            norm = _log_softmax(picked)
+            out = mx.concatenate([s(norm[i:i + 1]) for i, s in enumerate(ts)])
+        if len(native) == rows:
+            return out.astype(mx.uint32)
+        for i, e in enumerate(native):
+            tokens[e] = out[i:i + 1]
+    for e, s in enumerate(samplers):
+        if tokens[e] is None:
+            tokens[e] = s(logprobs[e:e + 1])
+    return mx.concatenate([t.astype(mx.uint32) for t in tokens])
+
+
+def _uniforms(ts: list[TokenSampler]) -> mx.array:
+    """One uniform number per row: one draw for the unseeded rows, each seeded row from its own key."""
+    if not any(s.seeded for s in ts):
+        return mx.random.uniform(shape=(len(ts),))
+    shared = mx.random.uniform(shape=(len(ts),))
+    return mx.concatenate([s.uniform(1) if s.seeded else shared[i:i + 1] for i, s in enumerate(ts)])
+
+
+class DecodeBatch(GenerationBatch):
+    """mlx_lm's decode batch with our `_step` (see the module docstring); merging, filtering,
+    extending and the cache stay mlx_lm's."""
+
+    def _step(self):
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        inputs = self._current_tokens
+
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+
+        token_context = []
+        if any(self.logits_processors):
+            processed = []
+            for e in range(len(self.uids)):
+                row = logits[e:e + 1]
+                processors = self.logits_processors[e] or ()
+                if processors:
+                    context = self._token_context[e].update_and_fetch(inputs[e:e + 1])
+                    token_context.append(context)
+                    for processor in processors:
+                        row = processor(context, row)
+                processed.append(row)
+            logits = mx.concatenate(processed, axis=0)
+
+        samplers = [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * len(self.uids))]
+        wants = [not isinstance(s, TokenSampler) or s.wants_logprobs for s in samplers]
+        logprobs = _log_softmax(logits) if any(wants) else None
+
+        self._next_tokens = sample_rows(logits, samplers, logprobs)
+        self._next_logprobs = [logprobs[e] if w else None for e, w in enumerate(wants)]
+        mx.async_eval(self._next_tokens, [lp for lp in self._next_logprobs if lp is not None], token_context)
+
+        mx.eval(inputs, [lp for lp in self._current_logprobs if lp is not None])
+        inputs = inputs.tolist()
+        for sti, ti in zip(self.tokens, inputs):
+            sti.append(ti)
+        return inputs, self._current_logprobs
+
+
+class Generator(BatchGenerator):
+    """mlx_lm's BatchGenerator (prompt batches, merge / filter / extend, stop sequences) whose
+    decode batch is a DecodeBatch. The decode batch is created once and every prompt batch that
+    finishes joins it through `extend`."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(model, **kwargs)
+        self._generation_batch = DecodeBatch.empty(self.model, self.sampler)

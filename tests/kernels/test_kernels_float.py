@@ -1,0 +1,113 @@
+"""The float kernels (RMSNorm, RoPE, the SiLU gates, the softmax family, attention, q/k/v split)
+against float64 NumPy on every instruction set, with odd sizes; and each row's result the same
+alone and in a batch."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import reference as ref
+
+SIZES = [1, 7, 16, 33, 100, 576, 1000]
+
+
+def _close(got, want, tol):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= tol * (np.abs(want).max() + 1e-30)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_row_ops(isa, native, n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((3, n)) * 4).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    up = rng.standard_normal((3, n)).astype(np.float32)
+    _close(native.rms_norm(mx.array(x), mx.array(w), 1e-5), ref.rms_norm(x, w, 1e-5), 1e-5)
+    _close(native.silu_mul(mx.array(x), mx.array(up)), ref.silu(x) * up, 1e-5)
+    _close(native.silu_gate(mx.array(np.concatenate([x, up], -1))), ref.silu(x) * up, 1e-5)
+    _close(native.softmax(mx.array(x)), ref.softmax(x), 1e-5)
+    _close(native.logsumexp(mx.array(x)), ref.logsumexp(x), 1e-6)
+    _close(native.log_softmax(mx.array(x)), x - ref.logsumexp(x), 1e-5)
+    e = np.clip(x, -80, 80)
+    _close(native.exp(mx.array(e)), np.exp(e.astype(np.float64)), 1e-6)
+
+
+def test_masked_entries_are_exact_zeros(native):
+    x = np.array([[0.0, -np.inf, 1.0, -1e30, 2.0]], np.float32)
+    p = np.asarray(native.softmax(mx.array(x)))
+    assert p[0, 1] == 0.0 and p[0, 3] == 0.0
+    assert np.isfinite(np.asarray(native.log_softmax(mx.array(x)))[0, [0, 2, 4]]).all()
+    assert np.array_equal(np.asarray(native.softmax(mx.array(np.full((1, 4), -np.inf, np.float32)))), np.zeros((1, 4)))
+
+
+def test_elementwise_result_does_not_depend_on_position(isa, native):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(37).astype(np.float32)
+    alone = np.asarray(native.exp(mx.array(x[None, :5])))
+    for start in range(0, 30, 3):  # the same values at every offset of a longer row
+        row = np.concatenate([rng.standard_normal(start).astype(np.float32), x[:5]])
+        assert np.array_equal(np.asarray(native.exp(mx.array(row[None])))[0, start:], alone[0])
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims,head_dim", [(64, 64), (32, 64), (16, 24)])
+def test_rope(isa, native, traditional, dims, head_dim):
+    rng = np.random.default_rng(dims + head_dim)
+    x = rng.standard_normal((3, 4, 5, head_dim)).astype(np.float32)
+    for offset in (mx.array(0, dtype=mx.int32), mx.array(17, dtype=mx.int32), mx.array([3, 0, 250], dtype=mx.int32)):
+        got = native.rope(mx.array(x), dims, traditional=traditional, base=10000.0, scale=0.5, offset=offset)
+        _close(got, ref.rope(x, dims, traditional, 10000.0, 0.5, np.asarray(offset)), 2e-5)
+        want = mx.fast.rope(mx.array(x), dims, traditional=traditional, base=10000.0, scale=0.5, offset=offset)
+        _close(got, want, 2e-5)
+    freqs = rng.uniform(1, 100, dims // 2).astype(np.float32)
+    got = native.rope(mx.array(x), dims, traditional=traditional, base=None, scale=1.0,
+                      offset=mx.array(5, dtype=mx.int32), freqs=mx.array(freqs))
+    _close(got, ref.rope(x, dims, traditional, None, 1.0, 5, freqs), 2e-5)
+
+
+def test_qkv_rope_splits_heads(native):
+    rng = np.random.default_rng(2)
+    b, l, h, hk, d = 2, 3, 6, 2, 32
+    qkv = rng.standard_normal((b, l, (h + 2 * hk) * d)).astype(np.float32)
+    off = np.array([4, 9], np.int32)
+    q, k, v = native.qkv_rope(mx.array(qkv), heads=h, kv_heads=hk, head_dim=d, dims=d, traditional=True,
+                              base=10000.0, scale=1.0, offset=mx.array(off))
+    heads = qkv.reshape(b, l, h + 2 * hk, d).transpose(0, 2, 1, 3)
+    _close(q, ref.rope(heads[:, :h], d, True, 10000.0, 1.0, off), 2e-5)
+    _close(k, ref.rope(heads[:, h:h + hk], d, True, 10000.0, 1.0, off), 2e-5)
+    assert np.array_equal(np.asarray(v), heads[:, h + hk:])
+
+
+@pytest.mark.parametrize("b,h,hk,l,s,d", [(2, 6, 2, 1, 37, 64), (1, 4, 4, 5, 9, 32), (3, 9, 3, 7, 7, 24), (1, 2, 1, 1, 1, 16)])
+def test_attention(isa, native, b, h, hk, l, s, d):
+    rng = np.random.default_rng(b * 100 + s)
+    q = rng.standard_normal((b, h, l, d)).astype(np.float32)
+    # keys and values as a cache hands them out: a strided slice of a longer buffer
+    kbuf = rng.standard_normal((b, hk, s + 5, d)).astype(np.float32)
+    vbuf = rng.standard_normal((b, hk, s + 5, d)).astype(np.float32)
+    k, v = mx.array(kbuf)[:, :, :s], mx.array(vbuf)[:, :, :s]
+    kn, vn = kbuf[:, :, :s], vbuf[:, :, :s]
+    _close(native.attention(mx.array(q), k, v, scale=0.2), ref.attention(q, kn, vn, 0.2), 2e-5)
+    _close(native.attention(mx.array(q), k, v, scale=0.2, causal=True), ref.attention(q, kn, vn, 0.2, causal=True), 2e-5)
+    keep = rng.uniform(size=(b, 1, l, s)) > 0.3
+    keep[..., 0] = True
+    _close(native.attention(mx.array(q), k, v, scale=0.2, mask=mx.array(keep)),
+           ref.attention(q, kn, vn, 0.2, mask=keep), 2e-5)
+    add = rng.standard_normal((l, s)).astype(np.float32)
+    _close(native.attention(mx.array(q), k, v, scale=0.2, mask=mx.array(add)), ref.attention(q, kn, vn, 0.2, mask=add), 2e-5)
+
+
+def test_attention_row_ignores_left_padding_exactly(isa, native):
+    """A row of a batch whose keys are left-padded (and masked) gives bit for bit what it gives alone."""
+    rng = np.random.default_rng(9)
+    h, hk, s, d, pad = 4, 2, 23, 64, 6
+    q = mx.array(rng.standard_normal((1, h, 1, d)).astype(np.float32))
+    k = rng.standard_normal((1, hk, s, d)).astype(np.float32)
+    v = rng.standard_normal((1, hk, s, d)).astype(np.float32)
+    alone = np.asarray(native.attention(q, mx.array(k), mx.array(v), scale=0.125))
+    kp = np.concatenate([rng.standard_normal((1, hk, pad, d)).astype(np.float32), k], axis=2)
+    vp = np.concatenate([rng.standard_normal((1, hk, pad, d)).astype(np.float32), v], axis=2)
+    keep = np.ones((1, 1, 1, s + pad), bool)
+    keep[..., :pad] = False
+    padded = np.asarray(native.attention(q, mx.array(kp), mx.array(vp), scale=0.125, mask=mx.array(keep)))
+    assert np.array_equal(alone, padded)

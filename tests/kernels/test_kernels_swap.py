@@ -1,0 +1,104 @@
+"""The module swap on real models: what it puts on the kernels, that the swapped model computes what
+the original does, and that modules it cannot prove equal are left alone."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from mlx_nb.kernels import layers
+from mlx_nb.kernels.swap import swap_model
+from mlx_nb.models.loader import load_model
+
+
+def _bytes(module) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def smollm2_float32():
+    """The model as it ran before the kernels: dequantized to float32."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLX_NB_DTYPE", "float32")
+        return load_model("smollm2-135m-instruct")
+
+
+def test_default_model_runs_on_kernels_in_under_150_mb(smollm2):
+    assert smollm2.dtype == "kernels"
+    swapped = smollm2.kernels["swapped"]
+    assert swapped == {"quantized linear": 210, "quantized embedding": 1, "rms_norm": 61, "rope": 30,
+                       "swiglu mlp": 30, "attention": 30}
+    assert smollm2.kernels["kept"] == {}
+    assert _bytes(smollm2.model) < 150e6  # the GGUF's own 4/8-bit weights, packed (float32 was 538 MB)
+    assert isinstance(smollm2.model.model.embed_tokens, layers.QEmbedding)  # the tied output layer too
+
+
+def test_default_model_agrees_with_float32(smollm2, smollm2_float32):
+    tok = smollm2.tokenizer
+    text = "The capital of France is Paris. The capital of Italy is Rome. Water boils at one hundred degrees."
+    ids = mx.array(tok.encode(text))[None]
+    a, b = smollm2.model(ids), smollm2_float32.model(ids)
+    assert float(mx.abs(a - b).max() / mx.abs(b).max()) < 0.02
+    assert float((mx.argmax(a, -1) == mx.argmax(b, -1)).mean()) >= 0.95
+    assert _bytes(smollm2_float32.model) > 500e6
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float_checkpoint_quantized_on_request(bits):
+    loaded = load_model("tiny-llama", quantize=bits)
+    swapped = loaded.kernels["swapped"]
+    assert swapped[f"float linear quantized to {bits} bits"] > 0
+    assert isinstance(loaded.model.model.layers[0].self_attn, layers.Attention)
+    assert isinstance(loaded.model.model.layers[0].self_attn.qkv, layers.QLinear)
+    reference = load_model("tiny-llama", quantize=None)
+    assert "float linear quantized to 8 bits" not in reference.kernels["swapped"]
+    ids = mx.array([[1, 5, 9, 13, 2, 7]])
+    a, b = loaded.model(ids), reference.model(ids)
+    tol = 0.05 if bits == 8 else 0.3  # the weights' own quantization, not the kernels
+    assert float(mx.linalg.norm(a - b) / mx.linalg.norm(b)) < tol
+
+
+def test_modules_that_differ_are_left_alone():
+    class GeluMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(64, 96), nn.Linear(64, 96), nn.Linear(96, 64)
+
+        def __call__(self, x):
+            return self.down_proj(nn.gelu(self.gate_proj(x)) * self.up_proj(x))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = GeluMLP()
+            self.norm = nn.RMSNorm(64)
+            self.layer_norm = nn.LayerNorm(64)
+
+    block = Block()
+    report = swap_model(block)
+    assert isinstance(block.mlp, GeluMLP)  # checked against the original and refused
+    assert report["kept"] == {"mlp kept (not a plain SwiGLU)": 1}
+    assert isinstance(block.norm, layers.RMSNorm) and isinstance(block.layer_norm, nn.LayerNorm)
+
+
+def test_unsupported_quantization_is_dequantized(tmp_path):
+    lin = nn.Linear(64, 32)
+    q3 = nn.QuantizedLinear.from_linear(lin, group_size=32, bits=3)
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = q3
+
+    holder = Holder()
+    report = swap_model(holder)
+    assert report["kept"] == {"3-bit weights (dequantized to float32)": 1}
+    assert type(holder.proj) is nn.Linear and holder.proj.weight.dtype == mx.float32
+    x = mx.array(np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32))
+    assert float(mx.abs(holder.proj(x) - q3(x)).max()) < 1e-4
