@@ -35,13 +35,21 @@ def sgemm_gflops(m: int = 512, k: int = 576, n: int = 1536, seconds: float = 2.0
 
 
 def model_costs(loaded) -> dict:
-    """Weight bytes read and FLOPs spent per generated token (matmul weights incl. the LM head)."""
+    """Weight bytes read and FLOPs spent per generated token (every matmul weight, the LM head
+    included: a tied embedding counts once), as the model is held (packed 4/8-bit on the kernels)."""
+    import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    matmul_params = 0
-    for name, p in tree_flatten(loaded.model.parameters()):
-        if p.ndim == 2 and "norm" not in name:
-            matmul_params += p.size  # the tied embedding counts once: it is the LM head
-    bytes_per = 4 if loaded.dtype == "float32" else 2
-    return {"matmul_params": matmul_params, "bytes_per_token": matmul_params * bytes_per,
-            "flops_per_token": 2 * matmul_params}
+    from mlx_nb.kernels import layers
+
+    weights = 0
+    for _, m in loaded.model.named_modules():
+        if isinstance(m, layers.QLinear):
+            weights += m.input_dims * m.output_dims
+        elif isinstance(m, layers.QEmbedding):
+            weights += m.num_embeddings * m.dims
+        elif isinstance(m, (nn.Linear, nn.Embedding)) and not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            weights += m.weight.size
+    held = sum(p.nbytes for _, p in tree_flatten(loaded.model.parameters()))
+    return {"matmul_params": weights, "bytes_per_token": held, "weights_bytes": held, "flops_per_token": 2 * weights,
+            "dtype": loaded.dtype}

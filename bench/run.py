@@ -22,6 +22,7 @@ sys.path.insert(0, str(HERE))
 
 import mlx_nb  # noqa: E402  (preloads the fast BLAS before MLX)
 
+import kernel_ops  # noqa: E402
 import limits  # noqa: E402
 import prefix  # noqa: E402
 import servers  # noqa: E402
@@ -55,12 +56,15 @@ def export_dense(loaded, dtype: str, dest: Path) -> Path:
     return dest
 
 
-def measure(server, levels, max_tokens, reps, extras=None) -> dict:
+def measure(server, levels, max_tokens, reps, extras=None, prompt_text=None) -> dict:
     out = {"name": server.name, "levels": {}}
     workload.concurrent(server, 1, 8, salt="warm")  # load, JIT kernels
     for n in levels:
         out["levels"][n] = workload.level(server, n, max_tokens, reps)
         print(f"  {server.name} N={n}: {out['levels'][n]['agg_tps']:.1f} tok/s", flush=True)
+    if prompt_text:
+        out["prompt_read"] = workload.prompt_read(server, prompt_text)
+        print(f"  {server.name} prompt: {out['prompt_read']['prompt_tps']:.0f} tok/s", flush=True)
     if extras:
         out["prefix"] = prefix.shared_prefix_ttft(server, extras["system_text"])
         out["turns"] = prefix.turn_costs(server)
@@ -93,14 +97,21 @@ def main() -> None:
     tok = loaded.tokenizer
     extras = {"system_text": prefix.text_of(tok, 1500), "long_text": prefix.text_of(tok, 8000),
               "eos_ids": sorted(tok.eos_token_ids)}
+    # about 2,000 tokens of ordinary prose (the quality text), for reading a long prompt alone
+    words = (HERE / "data" / "quality_text.txt").read_text().split()
+    prompt_text = " ".join(words[: int(len(words) * 2000 / len(tok.encode(" ".join(words))))])
     machine = {
         "copy_gbs": limits.copy_bandwidth_gbs(),
         "sgemm_gflops": limits.sgemm_gflops(),
         **limits.model_costs(loaded),
         "runtime": mlx_nb.runtime_info(),
     }
-    f32_dir = export_dense(loaded, "float32", models_dir() / f"{MODEL}-float32")
+    print("kernel ops", flush=True)
+    ops = kernel_ops.table(loaded) if loaded.dtype == "kernels" else []
+    os.environ["MLX_NB_DTYPE"] = "float32"  # the dense exports for mlx_lm.server
+    f32_dir = export_dense(load_model(MODEL), "float32", models_dir() / f"{MODEL}-float32")
     f16_dir = export_dense(load_model(MODEL), "float16", models_dir() / f"{MODEL}-float16")
+    del os.environ["MLX_NB_DTYPE"]
     del loaded
     print("where the time goes", flush=True)
     step_profile = steps.profile(MODEL)
@@ -108,7 +119,7 @@ def main() -> None:
     runs = {}
     print("mlx-nb", flush=True)
     with servers.mlx_nb_server(MODEL, log=logs / "mlx-nb.log") as s:
-        runs["ours"] = measure(s, levels, args.max_tokens, args.reps, extras)
+        runs["ours"] = measure(s, levels, args.max_tokens, args.reps, extras, prompt_text)
     if "plain" not in skip:
         print("mlx_lm.server", flush=True)
         with servers.mlx_lm_server(f16_dir, fast_runtime=False, log=logs / "mlx_lm.log") as s:
@@ -121,11 +132,11 @@ def main() -> None:
     if "llamacpp" not in skip and servers.llama_server_binary() is not None:
         print("llama-server", flush=True)
         with servers.llama_server(_smollm2_gguf(), log=logs / "llama_server.log") as s:
-            runs["llama_server"] = measure(s, levels, args.max_tokens, args.reps)
+            runs["llama_server"] = measure(s, levels, args.max_tokens, args.reps, prompt_text=prompt_text)
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     data = {"date": stamp, "machine": machine, "platform": platform.platform(), "cpus": os.cpu_count(),
-            "max_tokens": args.max_tokens, "reps": args.reps, "runs": runs, "steps": step_profile}
+            "max_tokens": args.max_tokens, "reps": args.reps, "runs": runs, "steps": step_profile, "kernel_ops": ops}
     (RESULTS / "latest.json").write_text(json.dumps(data, indent=2, default=str))
     write(data)
 

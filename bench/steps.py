@@ -6,10 +6,8 @@
 - engine: B chats decoding together, timed from the engine's own step events while all B rows are
   in the batch (prefill excluded), so it measures the same thing as forward-only;
 - prefill chunk: 512 prompt tokens read at the start of a prompt and 4,096 tokens into it; the
-  difference is attention over the context already read;
-- the rest of a decode step, part by part: each kind of non-matmul work of one step (every layer's
-  activation, attention, RoPE, norms, and the full-vocabulary log-probabilities BatchGenerator
-  computes every step), timed alone on inputs of the model's shapes.
+  difference is attention over the context already read.
+The other work of a step, op by op against MLX's own ops, is in kernel_ops.py.
 """
 
 from __future__ import annotations
@@ -56,14 +54,26 @@ def forward_only_s(loaded, b: int, context: int = 64, steps: int = 16) -> float:
 
 
 def matmul_only_s(loaded, b: int) -> float:
-    """Seconds for one decode step's matmuls alone: x @ W.T for every 2-D weight, at batch b."""
+    """Seconds for one decode step's matmuls alone, through the model's own projection modules
+    (packed kernels or BLAS), the output layer included, at batch b."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
+    import mlx.nn as nn
 
-    weights = [w for name, w in tree_flatten(loaded.model.parameters()) if w.ndim == 2 and "norm" not in name]
-    inputs = {w.shape[1]: mx.random.normal((b, w.shape[1])) for w in weights}
+    from mlx_nb.kernels import layers
+
+    calls = []
+    for _, m in loaded.model.named_modules():
+        if isinstance(m, layers.QLinear):
+            calls.append((m, m.input_dims))
+        elif isinstance(m, layers.QEmbedding):
+            calls.append((m.as_linear, m.dims))
+        elif type(m) is nn.Linear:
+            calls.append((m, m.weight.shape[1]))
+        elif type(m) is nn.Embedding and getattr(loaded.model.args, "tie_word_embeddings", False):
+            calls.append((m.as_linear, m.weight.shape[1]))
+    inputs = {d: mx.random.normal((b, d)) for _, d in calls}
     mx.eval(list(inputs.values()))
-    return _best(lambda: mx.eval([inputs[w.shape[1]] @ w.T for w in weights]))
+    return _best(lambda: mx.eval([f(inputs[d]) for f, d in calls]))
 
 
 def prefill_chunk_s(loaded, context: int, chunk: int = 512) -> float:
@@ -87,50 +97,6 @@ def engine_decode_tps(engine, b: int) -> float:
     return b * (len(full) - 1) / (full[-1]["time"] - full[0]["time"])
 
 
-def decode_parts_s(loaded, b: int, context: int = 64) -> dict:
-    """Seconds per decode step for each kind of non-matmul work, all layers together, at batch b."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    from mlx_lm.models.activations import swiglu
-
-    c = loaded.config
-    layers, hidden, vocab = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
-    heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
-    dim = c.get("head_dim") or hidden // heads
-    def each(shape, n=layers):
-        return [mx.random.normal(shape) for _ in range(n)]
-
-    gate, up, q, k1 = each((b, 1, c["intermediate_size"])), each((b, 1, c["intermediate_size"])), \
-        each((b, heads, 1, dim)), each((b, kv_heads, 1, dim))
-    # Keys and values as a batch KV cache hands them to attention: the filled part of a larger buffer.
-    k = [a[..., :context, :] for a in each((b, kv_heads, 256, dim))]
-    v = [a[..., :context, :] for a in each((b, kv_heads, 256, dim))]
-    x, w = each((b, 1, hidden), 2 * layers), mx.ones((hidden,))
-    logits, offsets = mx.random.normal((b, vocab)), mx.array([context] * b)
-    rope = nn.RoPE(dim, traditional=bool(c.get("rope_traditional", False)), base=c.get("rope_theta", 10000.0))
-    mx.eval(gate, up, q, k, v, k1, x, logits, offsets)
-    scale = dim ** -0.5
-    parts = {
-        "activation (SwiGLU)": lambda: [swiglu(gate[i], up[i]) for i in range(layers)],
-        "attention": lambda: [mx.fast.scaled_dot_product_attention(q[i], k[i], v[i], scale=scale) for i in range(layers)],
-        "RoPE": lambda: [rope(t[i], offset=offsets) for i in range(layers) for t in (q, k1)],
-        "norms": lambda: [mx.fast.rms_norm(x[i], w, 1e-5) for i in range(2 * layers)],
-        "log-probabilities": lambda: logits - mx.logsumexp(logits, axis=-1, keepdims=True),
-    }
-    return {name: _best(lambda fn=fn: mx.eval(fn())) for name, fn in parts.items()}
-
-
-def elementwise_ns() -> dict:
-    """Nanoseconds per element of MLX CPU `exp` and `multiply` (SwiGLU, softmax and the
-    log-probabilities are made of exps)."""
-    import mlx.core as mx
-
-    x = mx.random.normal((1 << 20,))
-    mx.eval(x)
-    return {"exp": _best(lambda: mx.eval(mx.exp(x))) / x.size * 1e9,
-            "multiply": _best(lambda: mx.eval(x * x)) / x.size * 1e9}
-
-
 def profile(model: str, levels=(1, 8, 32)) -> dict:
     """Every measurement above, for the report's "where the time goes" section."""
     from mlx_nb import Engine
@@ -139,9 +105,7 @@ def profile(model: str, levels=(1, 8, 32)) -> dict:
     loaded = load_model(model)
     out = {"decode": {}, "prefill": {}}
     for b in levels:
-        out["decode"][b] = {"forward_s": forward_only_s(loaded, b), "matmul_s": matmul_only_s(loaded, b),
-                            "parts_s": decode_parts_s(loaded, b)}
-    out["elementwise_ns"] = elementwise_ns()
+        out["decode"][b] = {"forward_s": forward_only_s(loaded, b), "matmul_s": matmul_only_s(loaded, b)}
     prefill_chunk_s(loaded, 0)  # warm-up
     out["prefill"] = {"chunk": 512, "at_0_s": prefill_chunk_s(loaded, 0), "at_4096_s": prefill_chunk_s(loaded, 4096)}
     del loaded

@@ -95,3 +95,20 @@ def level(server, n: int, max_tokens: int, reps: int) -> dict:
     runs = [concurrent(server, n, max_tokens, salt=f"{n}-{r}") for r in range(reps)]
     runs.sort(key=lambda r: r["agg_tps"])
     return {**runs[len(runs) // 2], "agg_tps_runs": [r["agg_tps"] for r in runs]}
+
+
+def prompt_read(server, text: str, reps: int = 3) -> dict:
+    """Reading one long prompt alone: prompt tokens / seconds until the reply (one new token),
+    a salt first so no prefix cache serves it; the median of `reps` cold runs."""
+    c = client(server)
+    runs = []
+    for r in range(reps + 1):  # the first run warms the server's kernels for this length
+        t = time.perf_counter()
+        reply = c.chat.completions.create(model=server.model, max_tokens=1, temperature=0.0, messages=[
+            {"role": "user", "content": f"Reading test {r} ({server.name}). Summarise this text.\n\n{text}"}])
+        elapsed = time.perf_counter() - t
+        if r:
+            runs.append((reply.usage.prompt_tokens / elapsed, reply.usage.prompt_tokens, elapsed))
+    runs.sort()
+    tps, tokens, seconds = runs[len(runs) // 2]
+    return {"prompt_tokens": tokens, "seconds": seconds, "prompt_tps": tps, "prompt_tps_runs": [x[0] for x in runs]}

@@ -45,6 +45,19 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def kernels_line(status: dict) -> Optional[str]:
+    """Which path runs the model: mlx-nb's CPU kernels (which instruction set, what is on them) or
+    MLX's own ops, and why."""
+    info = (status.get("runtime") or {}).get("kernels")
+    if not info:
+        return None
+    if info.get("path") != "native":
+        return f"not in use: {info.get('reason')}; MLX's own ops run"
+    swapped = (status.get("kernels") or {}).get("swapped") or {}
+    on = ", ".join(f"{n} {kind}" for kind, n in swapped.items())
+    return f"{info['isa']}, {info['threads']} threads" + (f": {on}" if on else "")
+
+
 def status_table(status: dict, backend: str) -> Table:
     mem = status.get("memory") or {}
     policy = status.get("policy") or {}
@@ -55,6 +68,7 @@ def status_table(status: dict, backend: str) -> Table:
         ["model", status.get("model")],
         ["state", describe(status) if status.get("loading") or status.get("error") else "ready"],
         ["batching", f"{policy['mode']} ({policy['source']}): {policy['reason']}" if policy else None],
+        ["CPU kernels", kernels_line(status)],
         ["batch size (peak)", f"{status.get('batch_size', 0)} ({status.get('peak_batch_size', '-')})"],
         ["queued / prefilling", f"{status.get('queue_length', 0)} / {status.get('prefilling', 0)}"],
         ["steps", status.get("steps")],

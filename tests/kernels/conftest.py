@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # reference.py
+sys.path.insert(0, str(Path(__file__).parent))  # kernel_reference.py
 
 from mlx_nb import kernels  # noqa: E402
 

@@ -5,7 +5,7 @@ alone and in a batch."""
 import mlx.core as mx
 import numpy as np
 import pytest
-import reference as ref
+import kernel_reference as ref
 
 SIZES = [1, 7, 16, 33, 100, 576, 1000]
 

@@ -4,7 +4,7 @@ this CPU runs: shapes with odd sizes, 1..64 rows, 4- and 8-bit weights, group si
 import mlx.core as mx
 import numpy as np
 import pytest
-import reference as ref
+import kernel_reference as ref
 
 from mlx_nb.kernels.packing import pack
 
