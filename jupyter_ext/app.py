@@ -112,7 +112,8 @@ class MLXExtension(ExtensionApp):
     ).tag(config=True)
     default_temperature = Float(
         1.0, allow_none=True,
-        help="Temperature of a request that sets none: 1.0 as the OpenAI and Anthropic APIs document (None: greedy).",
+        help="Temperature of a request that sets none, when the model recommends none (its generation_config.json): "
+        "1.0 as the OpenAI and Anthropic APIs document (None: greedy).",
     ).tag(config=True)
     model_aliases = Dict(
         {}, help="Other names clients may use for the served model, e.g. {'gpt-4o': 'smollm2-135m-instruct'}."
@@ -184,14 +185,17 @@ class MLXExtension(ExtensionApp):
             self.engine = Engine(self.model, wait=False, **self.engine_options())
         return self.engine
 
-    def server_defaults(self):
-        """What the routes fill in for fields a request leaves out, and the model names they accept."""
+    def server_defaults(self, engine=None):
+        """What the routes fill in for fields a request leaves out (the model's own sampling
+        recommendation first, once `engine` has loaded it), and the model names they accept."""
         from mlx_nb.api import ServerDefaults
 
+        loaded = engine.loaded if engine is not None else None
         return ServerDefaults(
             max_tokens=self.default_max_tokens,
             max_tokens_cap=self.max_tokens_cap,
             temperature=self.default_temperature,
+            sampling=dict(loaded.sampling.get("values", {})) if loaded is not None else {},
             aliases={k: self.model if v in ("", None) else v for k, v in self.model_aliases.items()},
             any_model=self.accept_any_model,
         )

@@ -47,7 +47,12 @@ class ModelsHandler(ProxyMixin, MLXHandler):
     async def get(self):
         if self.ext.remote is not None:
             return await self.proxy_get("models")
-        self.write_json(models_list(self.ext.model_names()))
+        body = models_list(self.ext.model_names())
+        engine = self.ext.engine
+        if engine is not None and engine.loaded is not None:  # what a request that sets nothing gets
+            for card in body["data"]:
+                card["sampling_defaults"] = engine.sampling_defaults()
+        self.write_json(body)
 
 
 class ModelHandler(ProxyMixin, MLXHandler):
@@ -88,7 +93,7 @@ class GenerateHandler(ProxyMixin, MLXHandler):
         engine = self.ready_engine()
         tok = engine.loaded.tokenizer
         start, end = getattr(tok, "tool_call_start", None), getattr(tok, "tool_call_end", None)
-        return Serving(engine.model_name, self.ext.server_defaults(), getattr(tok, "tool_parser", None),
+        return Serving(engine.model_name, self.ext.server_defaults(engine), getattr(tok, "tool_parser", None),
                        (start, end) if start and end else None)
 
     async def submit(self, requests: list[dict]) -> list:

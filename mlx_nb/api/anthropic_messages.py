@@ -245,7 +245,7 @@ def messages_engine_kwargs(req: MessagesRequest, defaults: ServerDefaults = Serv
     for name in ("top_p", "top_k", "temperature"):
         if (value := getattr(req, name)) is not None:
             kwargs[name] = value
-    kwargs.update(generation_kwargs(defaults, req.max_tokens, req.temperature))
+    kwargs.update(generation_kwargs(defaults, req.max_tokens, kwargs))
     kwargs["logprobs"] = 0
     kwargs["tools"] = req.openai_tools()
     return kwargs

@@ -214,7 +214,7 @@ def chat_engine_kwargs(req: ChatRequest, defaults: ServerDefaults = ServerDefaul
         lead = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), len(messages))
         messages.insert(lead, {"role": "system", "content": json_instruction(req.response_format)})
     kwargs: dict[str, Any] = {"messages": messages, **sampling_kwargs(req)}
-    kwargs.update(generation_kwargs(defaults, req.budget, req.temperature))
+    kwargs.update(generation_kwargs(defaults, req.budget, kwargs))
     kwargs["logprobs"] = engine_logprobs(bool(req.logprobs), req.top_logprobs)
     kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools] if req.wants_tools else None
     return kwargs

@@ -99,7 +99,7 @@ def parse_completion_request(
 
 def completion_engine_kwargs(req: CompletionRequest, defaults: ServerDefaults = ServerDefaults()) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"prompt": req.prompt, **sampling_kwargs(req)}
-    kwargs.update(generation_kwargs(defaults, req.max_tokens, req.temperature))
+    kwargs.update(generation_kwargs(defaults, req.max_tokens, kwargs))
     kwargs["logprobs"] = engine_logprobs(req.logprobs is not None, req.logprobs)
     kwargs["tools"] = None
     return kwargs

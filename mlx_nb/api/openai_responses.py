@@ -172,7 +172,7 @@ def responses_engine_kwargs(req: ResponsesRequest, defaults: ServerDefaults = Se
     for name in ("top_p", "temperature", "seed"):
         if (value := getattr(req, name)) is not None:
             kwargs[name] = value
-    kwargs.update(generation_kwargs(defaults, req.max_output_tokens, req.temperature))
+    kwargs.update(generation_kwargs(defaults, req.max_output_tokens, kwargs))
     kwargs["logprobs"] = 0
     kwargs["tools"] = req.chat_tools()
     return kwargs

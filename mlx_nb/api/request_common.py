@@ -115,14 +115,17 @@ class ServerDefaults:
 
     `max_tokens` None: a reply may use the rest of the context (what the APIs do when a client
     sends no budget); `max_tokens_cap` bounds every reply, asked-for budgets included (larger ones
-    are clamped, and the response says so). `temperature` None keeps the engine's own default
-    (greedy); servers pass the APIs' documented 1.0. `aliases` map names clients are configured
-    with to the served model; `any_model` accepts every name when one model is served.
+    are clamped, and the response says so). A sampling setting a request leaves out comes from
+    `sampling`, the model's own recommendation (its generation_config.json); else `temperature` is
+    the server's (servers pass the APIs' documented 1.0 unless configured; None keeps the engine's
+    greedy default). `aliases` map names clients are configured with to the served model;
+    `any_model` accepts every name when one model is served.
     """
 
     max_tokens: Optional[int] = None
     max_tokens_cap: Optional[int] = None
     temperature: Optional[float] = None
+    sampling: dict = field(default_factory=dict)
     aliases: dict = field(default_factory=dict)
     any_model: bool = False
 
@@ -162,11 +165,16 @@ def check_model(name: Optional[str], model_names: Optional[Iterable[str]], defau
     defaults.resolve_model(name, model_names)
 
 
-def generation_kwargs(defaults: "ServerDefaults", budget: Optional[int], temperature: Optional[float]) -> dict:
-    """`max_tokens` (always present: None asks the engine for the rest of the context) and, when the
-    request set none and the server has one, the default `temperature`."""
+def generation_kwargs(defaults: "ServerDefaults", budget: Optional[int], given: dict) -> dict:
+    """What to add to a request's engine kwargs `given`: `max_tokens` (always present: None asks the
+    engine for the rest of the context), then for each sampling setting the request left out the
+    model's recommended value, else for `temperature` the server's default. A request's own values
+    always win."""
     out: dict[str, Any] = {"max_tokens": defaults.budget(budget)}
-    if temperature is None and defaults.temperature is not None:
+    for name, value in defaults.sampling.items():
+        if given.get(name) is None:
+            out[name] = value
+    if given.get("temperature") is None and "temperature" not in out and defaults.temperature is not None:
         out["temperature"] = defaults.temperature
     return out
 

@@ -291,6 +291,12 @@ class Engine:
             return {**base, "requests": [], "batch_size": 0, "queue_length": 0}
         return {**base, **self._call(self._status_on_thread)}
 
+    def sampling_defaults(self) -> dict:
+        """What the API routes give a request for each sampling setting it leaves out: the model's
+        own recommendation (`values`) and where it came from (`source`; None when it has none)."""
+        loaded = self.loaded
+        return dict(loaded.sampling) if loaded is not None else {"values": {}, "source": None}
+
     def _status_on_thread(self) -> dict:
         runner, prefills = self._loop.runner, self._loop.prefills
         waiting = prefills.live() if prefills is not None else []
@@ -308,6 +314,7 @@ class Engine:
             "policy": self._loop.policy.to_dict(),
             # which layers run on the CPU kernels (mlx_nb.kernels.swap), None on MLX's own ops
             "kernels": self.loaded.kernels,
+            "sampling_defaults": self.sampling_defaults(),
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,

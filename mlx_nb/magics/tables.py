@@ -58,6 +58,14 @@ def kernels_line(status: dict) -> Optional[str]:
     return f"{info['isa']}, {info['threads']} threads" + (f": {on}" if on else "")
 
 
+def _sampling_line(defaults: Optional[dict]) -> Optional[str]:
+    """What API requests that set no sampling get (notebook chats stay greedy unless asked)."""
+    if not defaults:
+        return None
+    values = ", ".join(f"{k} {v}" for k, v in (defaults.get("values") or {}).items())
+    return f"{values} ({defaults['source']})" if values else "none from the model: the API's (temperature 1.0)"
+
+
 def status_table(status: dict, backend: str) -> Table:
     mem = status.get("memory") or {}
     policy = status.get("policy") or {}
@@ -69,6 +77,7 @@ def status_table(status: dict, backend: str) -> Table:
         ["state", describe(status) if status.get("loading") or status.get("error") else "ready"],
         ["batching", f"{policy['mode']} ({policy['source']}): {policy['reason']}" if policy else None],
         ["CPU kernels", kernels_line(status)],
+        ["sampling defaults", _sampling_line(status.get("sampling_defaults"))],
         ["batch size (peak)", f"{status.get('batch_size', 0)} ({status.get('peak_batch_size', '-')})"],
         ["queued / prefilling", f"{status.get('queue_length', 0)} / {status.get('prefilling', 0)}"],
         ["steps", status.get("steps")],

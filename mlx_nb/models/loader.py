@@ -10,7 +10,7 @@ where MLX's CPU matmuls use BLAS and its quantized and half-precision ones don't
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -35,6 +35,7 @@ class LoadedModel:
     vision_model: Any = None  # the full mlx_vlm model (vision tower + language model)
     dtype: str = "native"
     kernels: Optional[dict] = None  # what mlx_nb.kernels.swap put on the kernels, and what it left
+    sampling: dict = field(default_factory=dict)  # the model's recommended sampling (sampling_defaults.read)
 
     @property
     def context_length(self) -> int:
@@ -90,6 +91,9 @@ def load_model(name_or_path: Optional[str] = None, quantize: Optional[int] = Non
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"could not load {name} from {path}: {first}") from exc
     _apply_dtype_policy(loaded, runtime.quantize_bits(quantize))
+    from mlx_nb.models.sampling_defaults import read
+
+    loaded.sampling = read(name, path)
     return loaded
 
 

@@ -25,11 +25,13 @@ def error_body(err: HTTPClientError) -> dict:
     return json.loads(err.response.body)
 
 
-async def test_models(jp_fetch, mlx_ext):
+async def test_models(jp_fetch, mlx_ready):
+    mlx_ext = mlx_ready
     r = await jp_fetch("mlx", "v1", "models")
     assert json.loads(r.body) == {
         "object": "list",
-        "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "mlx-nb"}],
+        "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "mlx-nb",
+                  "sampling_defaults": {"values": {}, "source": None}}],  # a random fixture recommends nothing
     }
     r = await jp_fetch("mlx", "v1", "models", MODEL)
     assert json.loads(r.body)["id"] == MODEL
