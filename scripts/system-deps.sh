@@ -6,7 +6,8 @@
 # still works without them (slower, and the browser test is skipped with its reason).
 set -u
 want=()
-ls /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1 \
+# one path per architecture: present when either exists (a single `ls` of both fails on every machine)
+[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] || [ -e /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3 ] \
   || want+=(libopenblas0-pthread)
 command -v chromium >/dev/null 2>&1 || want+=(chromium)
 [ ${#want[@]} -eq 0 ] && exit 0

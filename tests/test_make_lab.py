@@ -2,8 +2,9 @@
 
 The clone is of this repository's committed HEAD. Its `.venv` is a link to the virtualenv running
 the tests (building a fresh one means downloading MLX and JupyterLab: minutes, and network), and
-make is told the venv and the optional system packages are up to date (`-o .venv/.installed
--o system-deps`: a test installs nothing); everything else is the clone's own Makefile and code
+make is told the venv, the optional system packages and the CPU kernels are up to date (`-o
+.venv/.installed -o system-deps -o kernels`: a test installs and compiles nothing; the clone then runs
+on MLX's own ops, which says it works without a compiler too); everything else is the clone's own Makefile and code
 (PYTHONPATH points at the clone).
 """
 
@@ -43,7 +44,8 @@ def test_make_lab_starts_jupyterlab_and_passes_args(clone, tmp_path):
                JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"))
     log = tmp_path / "make.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(["make", "-o", ".venv/.installed", "-o", "system-deps", "lab", f"ARGS={args}"], cwd=clone, env=env,
+        proc = subprocess.Popen(["make", "-o", ".venv/.installed", "-o", "system-deps", "-o", "kernels", "lab",
+                                 f"ARGS={args}"], cwd=clone, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from mlx_nb.compat import matrix
-from mlx_nb.engine.layout import cache_type_name, is_batchable
+from mlx_nb.engine.layout import is_batchable
+from mlx_nb.models.cache_types import cache_type_name
 
 MODES = ("batched", "prefill_alone", "refused")
 DOC = "docs/compatibility.md"

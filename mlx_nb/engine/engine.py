@@ -19,7 +19,7 @@ from mlx_nb.engine import workers
 from mlx_nb.engine.events import EventLog, prompt_snippet
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
-from mlx_nb.engine.layout import describe_layers
+from mlx_nb.models.cache_layout import describe_layers
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.loop import EngineClosedError, EngineLoop
 from mlx_nb.engine.messages import normalize_messages

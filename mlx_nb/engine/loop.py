@@ -66,7 +66,7 @@ class EngineLoop:
             with reporting(progress):
                 self._load()
         except BaseException as exc:  # reported to every caller through Engine.wait_ready()
-            from mlx_nb.models.loader import ModelLoadError
+            from mlx_nb.models.loaded import ModelLoadError
 
             self.load_error = exc if isinstance(exc, ValueError) else ModelLoadError(
                 f"could not load {self.model_name}: {type(exc).__name__}: {first_line(exc)}"

@@ -10,7 +10,7 @@ random key stream, so its output does not depend on what else is in the batch.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Optional
+from typing import Optional
 
 from mlx_nb.engine.types import RequestError, SamplingParams
 

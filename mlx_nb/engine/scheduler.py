@@ -14,7 +14,8 @@ import time
 from typing import Callable, Optional
 
 from mlx_nb.engine.events import EventLog
-from mlx_nb.engine.layout import cache_type_name, describe_layers
+from mlx_nb.models.cache_layout import describe_layers
+from mlx_nb.models.cache_types import cache_type_name
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.pacing import PrefillPacer
 from mlx_nb.engine.sampling import SamplerCache, logits_processors

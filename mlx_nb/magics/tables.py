@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any, Optional
 
-from mlx_nb.engine.layout import human_bytes
+from mlx_nb.formatting import human_bytes
 
 
 class Table:

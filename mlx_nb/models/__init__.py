@@ -1,6 +1,7 @@
 """Model names, sources and loading."""
 
-from mlx_nb.models.loader import LoadedModel, ModelLoadError, load_model
+from mlx_nb.models.loaded import LoadedModel, ModelLoadError
+from mlx_nb.models.loader import load_model
 from mlx_nb.models.sources import (
     DEFAULT_MODEL,
     ModelNotFoundError,

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import mlx.nn as nn
 
-from mlx_nb.models.loader import ModelLoadError
+from mlx_nb.models.loaded import LoadedModel, ModelLoadError
 from mlx_nb.models.rope_delta_cache import RopeDeltaCache
 
 log = logging.getLogger("mlx_nb.models")
@@ -112,7 +112,6 @@ def load_vision_model(name: str, path: Path, config: dict):
     from mlx_lm.tokenizer_utils import load as load_tokenizer
     from mlx_vlm.utils import get_model_type, load
 
-    from mlx_nb.models.loader import LoadedModel
 
     family = get_model_type(config)
     matrix = verdict_file()

@@ -40,7 +40,7 @@ class CachePicture:
         if isinstance(caches, dict):
             self.layout = caches
         else:
-            from mlx_nb.engine.layout import describe_layers
+            from mlx_nb.models.cache_layout import describe_layers
 
             self.layout = {"model": model or "caches", "request": None, "layers": describe_layers(list(caches))}
         self.title = title

@@ -16,7 +16,7 @@ from __future__ import annotations
 from html import escape
 from typing import Optional
 
-from mlx_nb.engine.layout import human_bytes
+from mlx_nb.formatting import human_bytes
 from mlx_nb.widgets.theme import svg_open
 
 TYPE_COLORS = {

@@ -43,3 +43,18 @@ def test_the_check_sees_every_import_form(tmp_path):
     hits = engine_imports(bad, "mlx_nb.models")
     assert [h.split(":")[1] for h in hits] == ["1 mlx_nb.engine.layout", "3 mlx_nb.engine.vision", "3 mlx_nb.engine.vision.x",
                                               "4 mlx_nb.engine", "4 mlx_nb.engine.y", "5 mlx_nb.engine"]
+
+
+def test_magics_and_widgets_reach_the_engine_only_through_the_client():
+    offenders = []
+    for folder in ("magics", "widgets"):
+        root = MODELS.parent / folder
+        for path in sorted(root.rglob("*.py")):
+            offenders += engine_imports(path, f"mlx_nb.{folder}")
+    assert not offenders, f"magics/widgets import mlx_nb.engine: {offenders}"
+
+
+def test_loader_and_vision_do_not_import_each_other():
+    """The loader loads vision models through vision.py; vision.py takes what both make from loaded.py."""
+    vision = {m for _, m in imported_modules(MODELS / "vision.py", "mlx_nb.models")}
+    assert not any(m == "mlx_nb.models.loader" or m.startswith("mlx_nb.models.loader.") for m in vision)
