@@ -7,7 +7,10 @@ turn, as Anthropic requires them first; `is_error` results are prefixed "Error: 
 `image_url` parts with a `data:` URL (images inside a `tool_result` join the user turn that follows
 the tool messages, since chat templates render tool messages as text); `document` (text or
 content sources) and `search_result` blocks become text parts headed by their title; tools become
-OpenAI function tools. `thinking` blocks are dropped. `max_tokens` is required, as in Anthropic's
+OpenAI function tools. `thinking` blocks are dropped. `system` messages inside `messages` (current
+Claude Code sends them) are normalized like the top-level `system`: hoisted and merged. Fields this
+server has no use for (`thinking`, `context_management`, `output_config`, `metadata`, ...) and
+`anthropic-beta` headers are accepted and ignored. `max_tokens` is required, as in Anthropic's
 API (above what fits, the engine clamps it). `tool_choice` "none" withholds the tools; "any" /
 "tool" cannot be enforced without constrained decoding and act as "auto".
 
@@ -142,7 +145,9 @@ class Block(WireModel):
 
 
 class AnthropicMessage(WireModel):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: what current Claude Code sends (its mid-conversation system beta);
+    # normalized like every system message (hoisted and merged before templating)
+    role: Literal["user", "assistant", "system"]
     content: Union[str, list[Block]]
 
 
@@ -256,7 +261,10 @@ def _engine_messages(req: CountTokensRequest) -> list[dict]:
     if req.system:
         messages.append({"role": "system", "content": _text_of(req.system)})
     for m in req.messages:
-        messages.extend(_user_turn(m.content) if m.role == "user" else [_assistant_turn(m.content)])
+        if m.role == "system":
+            messages.append({"role": "system", "content": _text_of(m.content)})
+        else:
+            messages.extend(_user_turn(m.content) if m.role == "user" else [_assistant_turn(m.content)])
     return messages
 
 

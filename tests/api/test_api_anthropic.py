@@ -49,9 +49,9 @@ def error_of(body):
         ({"max_tokens": 0, "messages": USER}, "max_tokens", "greater than or equal to 1"),
         ({"max_tokens": 5, "messages": []}, "messages", "at least one"),
         (
-            {"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            {"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
             "messages.0.role",
-            "'user' or 'assistant'",
+            "'user', 'assistant' or 'system'",
         ),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]},
@@ -331,3 +331,32 @@ def test_stream_error_event_and_done():
 def test_empty_reply_stream_still_well_formed():
     events = feed_all(MessagesStream("m", "r"), deltas([]))
     assert check(events) == ["message_start", "message_delta", "message_stop"]
+
+
+def test_system_messages_inside_messages_as_current_claude_code_sends_them():
+    """Claude Code's mid-conversation system messages (and its other fields) are taken, not a 400;
+    the engine's normalization then hoists and merges every system message."""
+    from mlx_nb.api import count_tokens_kwargs, parse_count_tokens_request
+    from mlx_nb.engine.messages import normalize_messages
+
+    body = {
+        "model": "m", "max_tokens": 64, "system": [{"type": "text", "text": "You are Claude Code."}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "system", "content": "Available tools: Read, Edit."},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "list files"},
+        ],
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "context_management": {"edits": []},
+        "output_config": {"effort": "low"},
+        "metadata": {"user_id": "u"},
+    }
+    kwargs = messages_engine_kwargs(parse(body))
+    assert [m["role"] for m in kwargs["messages"]] == ["system", "user", "system", "assistant", "user"]
+    merged = normalize_messages(kwargs["messages"])
+    assert [m["role"] for m in merged] == ["system", "user", "assistant", "user"]
+    assert "You are Claude Code." in merged[0]["content"] and "Available tools" in merged[0]["content"]
+    counted = count_tokens_kwargs(parse_count_tokens_request({k: v for k, v in body.items() if k != "max_tokens"},
+                                                             model_names=["m"]))
+    assert counted["messages"] == kwargs["messages"]
