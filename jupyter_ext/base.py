@@ -113,7 +113,7 @@ class MLXHandler(ExtensionHandlerMixin, APIHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = (kwargs.get("exc_info") or (None, None, None))[1]
-        error = as_api_error(status_code, exc, self._reason)
+        error = as_api_error(status_code, exc, self._reason, getattr(self, "wire_fields", None))
         self.set_status(error.status)
         if error.code == "model_loading":
             self.set_header("Retry-After", str(RETRY_AFTER_S))
@@ -122,12 +122,14 @@ class MLXHandler(ExtensionHandlerMixin, APIHandler):
         self.finish(json.dumps(error.to_anthropic_dict() if self.anthropic else error.to_dict()))
 
 
-def as_api_error(status: int, exc: Optional[BaseException], reason: str = "") -> APIError:
-    """Any failure as an APIError; only our own messages reach the client, never a traceback."""
+def as_api_error(status: int, exc: Optional[BaseException], reason: str = "",
+                 fields: Optional[dict] = None) -> APIError:
+    """Any failure as an APIError; only our own messages reach the client, never a traceback.
+    `fields` maps the engine's field names to the route's."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, RequestError):
-        return from_request_error(exc)
+        return from_request_error(exc, fields)
     if isinstance(exc, web.HTTPError):
         status = exc.status_code
         message = exc.log_message or exc.reason or reason

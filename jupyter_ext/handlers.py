@@ -213,6 +213,7 @@ class MessagesHandler(GenerateHandler):
 
 class ResponsesHandler(GenerateHandler):
     route = RESPONSES
+    wire_fields = {"messages": "input", "prompt": "input"}  # errors name the Responses API's own fields
 
 
 class CountTokensHandler(ProxyMixin, MLXHandler):

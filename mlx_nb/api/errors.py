@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from mlx_nb.engine.types import RequestError, TooLargeError
+from mlx_nb.engine.types import ContextOverflowError, RequestError, TooLargeError
 
 # OpenAI puts the kind of error in `type`; Anthropic has its own vocabulary, chosen by status.
 _ANTHROPIC_TYPES = {
@@ -35,6 +35,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: Optional[str] = None,
         code: Optional[str] = None,
+        anthropic_message: Optional[str] = None,
     ):
         super().__init__(message)
         self.status = status
@@ -42,6 +43,7 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.anthropic_message = anthropic_message  # where Anthropic's API words it differently
 
     def to_dict(self) -> dict:
         """The OpenAI body: `{"error": {"message", "type", "param", "code"}}`."""
@@ -50,7 +52,7 @@ class APIError(Exception):
     def to_anthropic_dict(self) -> dict:
         """The Anthropic body: `{"type": "error", "error": {"type", "message"}}`."""
         kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+        return {"type": "error", "error": {"type": kind, "message": self.anthropic_message or self.message}}
 
     def __repr__(self) -> str:
         return f"APIError({self.status}, {self.message!r}, param={self.param!r})"
@@ -86,12 +88,28 @@ def server_error(message: str) -> APIError:
     return APIError(500, message, "server_error", None, None)
 
 
-def from_request_error(exc: RequestError) -> APIError:
+def context_overflow(exc: ContextOverflowError, param: Optional[str] = None) -> APIError:
+    """A prompt longer than the context, worded as each API words it, so clients recognise it and
+    compact the conversation: OpenAI's `context_length_exceeded` ("maximum context length is N
+    tokens"), Anthropic's "prompt is too long: N tokens > M maximum"."""
+    field = param or exc.field or "messages"
+    share = f" ({exc.system_tokens} of them in the system prompt and tools)" if exc.system_tokens else ""
+    message = (f"This model's maximum context length is {exc.context} tokens. However, your {field} resulted in "
+               f"{exc.prompt_tokens} tokens{share}. Please reduce the length of the {field}.")
+    anthropic = f"prompt is too long: {exc.prompt_tokens} tokens > {exc.context - 1} maximum{share}"
+    return APIError(400, message, "invalid_request_error", field, "context_length_exceeded", anthropic)
+
+
+def from_request_error(exc: RequestError, fields: Optional[dict] = None) -> APIError:
     """The engine refused the request at submit time (bad role, image to a text model, ...);
-    a part over a size limit (an image too big) is a 413, like a body over the limit."""
+    a part over a size limit (an image too big) is a 413, like a body over the limit. `fields`
+    maps the engine's field names to the route's own (the Responses API's `input`)."""
+    field = (fields or {}).get(exc.field, exc.field)
+    if isinstance(exc, ContextOverflowError):
+        return context_overflow(exc, field)
     if isinstance(exc, TooLargeError):
-        return APIError(413, str(exc), "invalid_request_error", exc.field, "request_too_large")
-    return invalid_request(str(exc), exc.field)
+        return APIError(413, str(exc), "invalid_request_error", field, "request_too_large")
+    return invalid_request(str(exc), field)
 
 
 def from_validation_error(exc: ValidationError, data: Any = None) -> APIError:

@@ -27,7 +27,7 @@ from mlx_nb.engine.prefix import segment_boundaries
 from mlx_nb.engine.prompts import encode_prompt, render_chat
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
-from mlx_nb.engine.types import Request, RequestError, SamplingParams
+from mlx_nb.engine.types import ContextOverflowError, Request, RequestError, SamplingParams
 from mlx_nb.models.progress import LoadProgress
 
 __all__ = ["Engine", "EngineClosedError"]
@@ -211,10 +211,8 @@ class Engine:
         else:
             tokens, extra["boundaries"] = self._prompt_tokens(loaded, request)
         if len(tokens) >= context:
-            raise RequestError(
-                f"the prompt is {len(tokens)} tokens but {self.model_name} holds {context}: shorten the conversation",
-                "messages" if messages is not None else "prompt",
-            )
+            raise ContextOverflowError(self.model_name, len(tokens), context, self._system_tokens(loaded, request),
+                                       "messages" if messages is not None else "prompt")
         sampling.max_tokens = min(sampling.max_tokens, context - len(tokens))
         if sampler is not None and not callable(sampler):
             raise RequestError("sampler must be a function of the log-probabilities", "sampler")
@@ -268,6 +266,20 @@ class Engine:
         tokens = render(messages)
         boundaries = segment_boundaries(render, messages, tokens) if self._loop.snapshots else []
         return tokens, boundaries
+
+    def _system_tokens(self, loaded, request: Request) -> int:
+        """Tokens of the system prompt and tool definitions alone (rendered without the turns)."""
+        if request.messages is None or loaded.kind == "vision":
+            return 0
+        system = [m for m in request.messages if m.get("role") == "system"]
+        if not system and not request.tools:
+            return 0
+        try:
+            text = render_chat(loaded.tokenizer, system or [{"role": "system", "content": ""}], request.tools,
+                               request.chat_template_kwargs, False)
+        except Exception:  # a template that needs a user turn: the share is not known, the error still stands
+            return 0
+        return len(encode_prompt(loaded.tokenizer, text, chat=True))
 
     def generate(self, messages: Optional[list] = None, prompt: Optional[str] = None, **kwargs):
         """Submit and wait: the finished Result."""

@@ -25,6 +25,17 @@ class RequestError(ValueError):
         self.field = field
 
 
+class ContextOverflowError(RequestError):
+    """The prompt does not fit the model's context: how long it is, what the model holds, and how
+    much of it is the system prompt and tool definitions (what a client can't see it sent)."""
+
+    def __init__(self, model: str, prompt_tokens: int, context: int, system_tokens: int, field: str):
+        share = f" ({system_tokens} of them the system prompt and tools)" if system_tokens else ""
+        super().__init__(f"the prompt is {prompt_tokens} tokens{share} but {model} holds {context}: shorten the "
+                         "conversation", field)
+        self.prompt_tokens, self.context, self.system_tokens = prompt_tokens, context, system_tokens
+
+
 class TooLargeError(RequestError):
     """Refused because a part exceeds a size limit (an image's bytes or pixels): HTTP says 413."""
 

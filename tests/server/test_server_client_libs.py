@@ -157,3 +157,34 @@ async def test_anthropic_count_tokens_and_a_whole_answer(server, say):
         final = await stream.get_final_message()
     assert start.type == "message_start" and start.message.usage.input_tokens == counted.input_tokens
     assert final.content[0].text == ANSWER and final.stop_reason == "end_turn"
+
+
+async def test_context_overflow_is_recognised_by_each_sdk(server):
+    """A prompt past the context ends in each API's own overflow error, which the official SDKs
+    raise as a bad request and coding agents recognise (to compact the conversation)."""
+    import anthropic
+    import openai
+
+    url, anthropic_url, key = server
+    system = {"role": "system", "content": "You are a careful assistant. " * 10}
+    long = {"role": "user", "content": "x" * 5000}
+    oa = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        await oa.chat.completions.create(model=MODEL, messages=[system, long], max_tokens=4)
+    err = info.value
+    assert err.code == "context_length_exceeded" and err.param == "messages"
+    assert "maximum context length is 4096 tokens" in err.message and "system prompt and tools" in err.message
+    with pytest.raises(openai.BadRequestError) as info:
+        await oa.responses.create(model=MODEL, input="x" * 5000, instructions="Be brief.", max_output_tokens=4)
+    assert info.value.code == "context_length_exceeded" and info.value.param == "input"
+    assert "your input resulted in" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        await oa.completions.create(model=MODEL, prompt="x" * 5000, max_tokens=4)
+    assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
+    an = anthropic.AsyncAnthropic(base_url=anthropic_url, api_key=key, max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await an.messages.create(model=MODEL, max_tokens=4, system="Be brief. " * 20,
+                                 messages=[{"role": "user", "content": "x" * 5000}])
+    body = info.value.body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith("prompt is too long: ") and "> 4095 maximum" in body["error"]["message"]
