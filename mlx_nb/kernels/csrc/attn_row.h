@@ -1,6 +1,7 @@
 // The attention row (isa.h's AttnRow) written once over an instruction set's vector operations.
 // V supplies: W (floats a vector), reg, zero(), load(p), store(p, v), set1(x), fmadd(a, b, c),
-// sub(a, b), hsum(v) and exp(v); each kernels_<isa>.cpp instantiates it with its own.
+// sub(a, b), hsum(v) and exp(v), and dot16(q, k, k_stride, D, out): the dot_row of 16 consecutive
+// keys at once, bit for bit (or false when it has none); each kernels_<isa>.cpp instantiates it.
 #pragma once
 
 #include <cmath>
@@ -20,35 +21,70 @@ inline float dot_row(const float* q, const float* k, int64_t D) {
   return s;
 }
 
+// out[d] = sum over keys j in order of p[j] * v_j[d] (keys with p[j] == 0, masked or underflowed,
+// skipped), with the sums held in registers across keys, four vectors of d at a time.
+template <class V>
+inline void weighted_sum(const float* p, int64_t limit, const float* v, int64_t vs, int64_t D, float* out) {
+  using R = typename V::reg;
+  int64_t d = 0;
+  for (; d + 4 * V::W <= D; d += 4 * V::W) {
+    R a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+    for (int64_t j = 0; j < limit; ++j) {
+      if (p[j] == 0.0f) continue;
+      const R pv = V::set1(p[j]);
+      const float* vj = v + j * vs + d;
+      a0 = V::fmadd(pv, V::load(vj), a0);
+      a1 = V::fmadd(pv, V::load(vj + V::W), a1);
+      a2 = V::fmadd(pv, V::load(vj + 2 * V::W), a2);
+      a3 = V::fmadd(pv, V::load(vj + 3 * V::W), a3);
+    }
+    V::store(out + d, a0), V::store(out + d + V::W, a1), V::store(out + d + 2 * V::W, a2);
+    V::store(out + d + 3 * V::W, a3);
+  }
+  for (; d + V::W <= D; d += V::W) {
+    R acc = V::zero();
+    for (int64_t j = 0; j < limit; ++j)
+      if (p[j] != 0.0f) acc = V::fmadd(V::set1(p[j]), V::load(v + j * vs + d), acc);
+    V::store(out + d, acc);
+  }
+  for (; d < D; ++d) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < limit; ++j)
+      if (p[j] != 0.0f) acc = std::fma(p[j], v[j * vs + d], acc);
+    out[d] = acc;
+  }
+}
+
 template <class V>
 void attn_row_t(const AttnRow& a) {
+  // Raw dot products first: 16 keys at a time where the instruction set reduces 16 at once (the
+  // same sums as one at a time, so where a key falls in a block changes nothing), then the rest.
+  int64_t j = 0;
+  if (a.D % V::W == 0)
+    for (; j + 16 <= a.limit; j += 16)
+      if (!V::dot16(a.q, a.k + j * a.k_stride, a.k_stride, a.D, a.scores + j)) break;
+  for (; j < a.limit; ++j) a.scores[j] = dot_row<V>(a.q, a.k + j * a.k_stride, a.D);
   float m = -INFINITY;
-  for (int64_t j = 0; j < a.limit; ++j) {
+  for (j = 0; j < a.limit; ++j) {
     if (a.keep && !a.keep[j * a.mask_stride]) {
       a.scores[j] = -INFINITY;
       continue;
     }
-    float s = dot_row<V>(a.q, a.k + j * a.k_stride, a.D) * a.scale;
+    float s = a.scores[j] * a.scale;
     if (a.add_mask) s += a.add_mask[j * a.mask_stride];
     a.scores[j] = s;
-    m = std::fmax(m, s);
+    m = s > m ? s : m;
   }
-  for (int64_t d = 0; d < a.D; ++d) a.out[d] = 0.0f;
-  if (m == -INFINITY) return;
+  if (m == -INFINITY) {
+    for (int64_t d = 0; d < a.D; ++d) a.out[d] = 0.0f;
+    return;
+  }
   const typename V::reg mv = V::set1(m);
   map1<V::W>(a.scores, a.scores, a.limit, [&](const float* x, float* y) { V::store(y, V::exp(V::sub(V::load(x), mv))); },
              -INFINITY);
   float sum = 0.0f;
-  for (int64_t j = 0; j < a.limit; ++j) {
-    const float p = a.scores[j];
-    if (p == 0.0f) continue;  // masked (exp(-inf)) or underflowed: adds nothing
-    sum += p;
-    const float* vj = a.v + j * a.v_stride;
-    const typename V::reg pv = V::set1(p);
-    int64_t d = 0;
-    for (; d + V::W <= a.D; d += V::W) V::store(a.out + d, V::fmadd(pv, V::load(vj + d), V::load(a.out + d)));
-    for (; d < a.D; ++d) a.out[d] = std::fma(p, vj[d], a.out[d]);
-  }
+  for (j = 0; j < a.limit; ++j) sum += a.scores[j];  // masked keys add exact zeros
+  weighted_sum<V>(a.scores, a.limit, a.v, a.v_stride, a.D, a.out);
   const float inv = 1.0f / sum;
   for (int64_t d = 0; d < a.D; ++d) a.out[d] *= inv;
 }

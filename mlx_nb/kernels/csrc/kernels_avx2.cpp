@@ -239,6 +239,7 @@ struct Vec {
   static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
   static float hsum(reg v) { return mlxnb::hsum(v); }
+  static bool dot16(const float*, const float*, int64_t, int64_t, float*) { return false; }
   static reg exp(reg v) { return exp8(v); }
 };
 

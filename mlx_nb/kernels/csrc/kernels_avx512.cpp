@@ -227,6 +227,36 @@ void sub_scalar(const float* x, float c, float* y, int64_t n) {
   map1<16>(x, y, n, [&](const float* a, float* out) { _mm512_storeu_ps(out, _mm512_sub_ps(_mm512_loadu_ps(a), cv)); });
 }
 
+// The dot products of q with 16 consecutive keys, each summed exactly as dot_row sums one (16-lane
+// partials over D, then hsum's tree: x[i] + x[i + 8], + [i + 4], + [i + 2], + [i + 1]), but the 16
+// trees reduced together with shuffles instead of one horizontal sum a key. D a multiple of 16.
+inline bool dot16_keys(const float* q, const float* k, int64_t ks, int64_t D, float* out) {
+  __m512 p[16];
+  for (int j = 0; j < 16; ++j) {
+    const float* kj = k + j * ks;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(kj + d), acc);
+    p[j] = acc;
+  }
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)  // keys 2i, 2i+1: x[i] + x[i + 8] in lanes 0-7 and 8-15
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // 128-bit block b: key 4i + b, t[i] + t[i + 4]
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // block b: (key 8i + b, key 8i + 4 + b) x (u[0] + u[2], u[1] + u[3])
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // block b: keys b, 4 + b, 8 + b, 12 + b, each w[0] + w[1]
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // lane 4b + m holds key b + 4m: back to key order
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+  return true;
+}
+
 // This instruction set's vector operations, for the kernels written once over them (attn_row.h).
 struct Vec {
   static constexpr int W = 16;
@@ -239,6 +269,7 @@ struct Vec {
   static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
   static float hsum(reg v) { return mlxnb::hsum(v); }
   static reg exp(reg v) { return exp16(v); }
+  static bool dot16(const float* q, const float* k, int64_t ks, int64_t D, float* out) { return dot16_keys(q, k, ks, D, out); }
 };
 
 }  // namespace
