@@ -99,7 +99,7 @@ def main() -> None:
               "eos_ids": sorted(tok.eos_token_ids)}
     # about 2,000 tokens of ordinary prose (the quality text), for reading a long prompt alone
     words = (HERE / "data" / "quality_text.txt").read_text().split()
-    prompt_text = " ".join(words[: int(len(words) * 2000 / len(tok.encode(" ".join(words))))])
+    prompt_text = " ".join(words[: int(len(words) * 1900 / len(tok.encode(" ".join(words))))])
     machine = {
         "copy_gbs": limits.copy_bandwidth_gbs(),
         "sgemm_gflops": limits.sgemm_gflops(),

@@ -12,6 +12,8 @@ where the class alone does not prove it.
 - `nn.RMSNorm`, `nn.RoPE` -> fused kernels.
 - A llama-family attention (q/k/v/o projections and a RoPE, nothing else) -> `Attention`, with q/k/v
   fused and the attention kernel; accepted only if it matches the original on a random input.
+- A decoder layer made of those (pre-norm attention and MLP with skip connections, packed weights)
+  -> `Block`, with the norms and the additions fused into the projections; checked the same way.
 Anything else is left as it is and runs on MLX's ops.
 """
 
@@ -23,7 +25,7 @@ from typing import Callable, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlx_nb.kernels.layers import Attention, QEmbedding, QLinear, RMSNorm, RoPE, SwiGLU
+from mlx_nb.kernels.layers import Attention, Block, QEmbedding, QLinear, RMSNorm, RoPE, SwiGLU
 
 BITS = (4, 8)
 
@@ -172,6 +174,36 @@ def _fused_attention(m: nn.Module) -> Optional[Attention]:
     return fused
 
 
+BLOCK_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+
+
+def _fused_block(m: nn.Module) -> Optional[Block]:
+    """A Block for a llama-family decoder layer whose parts are all on the packed kernels, if it
+    computes what the layer does (x + attn(norm(x)), then h + mlp(norm(h)))."""
+    if set(m.keys()) != BLOCK_PARTS:
+        return None
+    attn, mlp, n1, n2 = m["self_attn"], m["mlp"], m["input_layernorm"], m["post_attention_layernorm"]
+    if not (isinstance(attn, Attention) and isinstance(mlp, SwiGLU) and isinstance(n1, RMSNorm)
+            and isinstance(n2, RMSNorm)):
+        return None
+    if not all(isinstance(p, QLinear) for p in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)):
+        return None
+    fused = Block(attn, mlp, n1, n2)
+    from mlx_lm.models.cache import KVCache
+
+    x = mx.random.normal((2, 5, attn.qkv.input_dims), key=mx.random.key(2))
+    try:
+        c1, c2 = KVCache(), KVCache()
+        want = [m(x, mask="causal", cache=c1), m(x[:, :1], cache=c1)]
+        got = [fused(x, mask="causal", cache=c2), fused(x[:, :1], cache=c2)]
+    except Exception:  # a layer whose call differs from the llama family's
+        return None
+    for w, g in zip(want, got):
+        if w.shape != g.shape or float(mx.linalg.norm(w - g) / (mx.linalg.norm(w) + 1e-12)) > 1e-4:
+            return None
+    return fused
+
+
 def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model: Optional[nn.Module] = None) -> dict:
     """Swap `model`'s modules onto the kernels in place; returns what was swapped and what was not
     (with reasons). `quantize` (4 or 8) first quantizes `language_model`'s float linears."""
@@ -190,9 +222,14 @@ def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model:
 
     _replace_children(model, quantized)
 
-    def checked(fused: Optional[nn.Module], kind: str, refused: str) -> Optional[nn.Module]:
-        """A fused module that matched its original, counted; or None (the original stays), counted."""
+    def checked(original: nn.Module, fused: Optional[nn.Module], kind: str, refused: str) -> Optional[nn.Module]:
+        """A fused module that matched its original, counted, carrying the original's plain attributes
+        that model code may read (a layer's `use_sliding`, say); or None (the original stays), counted."""
         (done if fused is not None else left)[kind if fused is not None else refused] += 1
+        if fused is not None:
+            for name, value in vars(original).items():
+                if not name.startswith("_") and not hasattr(fused, name):
+                    object.__setattr__(fused, name, value)
         return fused
 
     if quantize:
@@ -218,16 +255,23 @@ def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model:
             done["rope"] += 1
             return RoPE(m.dims, m.traditional, m.base, m.scale)
         if "gate_proj" in m and "down_proj" in m:
-            return checked(_fused_swiglu(m), "swiglu mlp", "mlp kept (not a plain SwiGLU)")
+            return checked(m, _fused_swiglu(m), "swiglu mlp", "mlp kept (not a plain SwiGLU)")
         return None
 
     _replace_children(model, fused)
 
     def attention(path: str, m: nn.Module):
         if "q_proj" in m and "o_proj" in m and "rope" in m:
-            return checked(_fused_attention(m), "attention", "attention kept (not a plain llama-family attention)")
+            return checked(m, _fused_attention(m), "attention", "attention kept (not a plain llama-family attention)")
         return None
 
     _replace_children(model, attention)
+
+    def block(path: str, m: nn.Module):
+        if BLOCK_PARTS <= set(m.keys()):
+            return checked(m, _fused_block(m), "decoder layer", "decoder layer kept (not a plain llama-family layer)")
+        return None
+
+    _replace_children(model, block)
     mx.eval(model.parameters())
     return {"swapped": dict(done), "kept": dict(left)}

@@ -33,10 +33,12 @@ def test_default_model_runs_on_kernels_in_under_150_mb(smollm2):
     assert smollm2.dtype == "kernels"
     swapped = smollm2.kernels["swapped"]
     assert swapped == {"quantized linear": 210, "quantized embedding": 1, "rms_norm": 61, "rope": 30,
-                       "swiglu mlp": 30, "attention": 30}
+                       "swiglu mlp": 30, "attention": 30, "decoder layer": 30}
     assert smollm2.kernels["kept"] == {}
     assert _bytes(smollm2.model) < 150e6  # the GGUF's own 4/8-bit weights, packed (float32 was 538 MB)
     assert isinstance(smollm2.model.model.embed_tokens, layers.QEmbedding)  # the tied output layer too
+    assert isinstance(smollm2.model.model.layers[0], layers.Block)
+    assert smollm2.model.model.layers[0].use_sliding is False  # the layer's own attributes carried over
 
 
 def test_default_model_agrees_with_float32(smollm2, smollm2_float32):

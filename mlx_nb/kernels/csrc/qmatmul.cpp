@@ -10,10 +10,17 @@ namespace {
 
 struct Scratch {
   std::vector<int8_t> q;
-  std::vector<float> d, sum, x;
+  std::vector<float> d, sum, x, normed, norm_w, res;
 };
 
-void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, int64_t K, float* out) {
+// Optional work fused into a matmul: an RMSNorm of x first (the layer's input norm), a residual
+// added to the result (the layer's skip connection); each computed as its own op would.
+struct Fused {
+  std::optional<mx::array> norm_weight, residual;
+  float eps = 0.0f;
+};
+
+void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, int64_t K, float* out, const Fused& f) {
   thread_local Scratch scratch;
   Scratch& sc = scratch;  // the caller's: a lambda body naming a thread_local would get the worker's
   const float* x = row_major(xa, sc.x);
@@ -22,20 +29,30 @@ void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, in
   sc.d.resize(M * nb);
   sc.sum.resize(M * nb);
   const Isa& k = isa();
+  const float* nw = f.norm_weight ? row_major(*f.norm_weight, sc.norm_w) : nullptr;
+  if (nw) sc.normed.resize(M * K);
   for_rows(M, K, [&](int64_t r0, int64_t r1) {
-    k.quantize_rows(x + r0 * K, r1 - r0, K, sc.q.data() + r0 * K * 2, sc.d.data() + r0 * nb,
-                    sc.sum.data() + r0 * nb);
+    const float* src = x + r0 * K;
+    if (nw) {
+      for (int64_t r = r0; r < r1; ++r) k.rms_norm(x + r * K, nw, sc.normed.data() + r * K, K, f.eps);
+      src = sc.normed.data() + r0 * K;
+    }
+    k.quantize_rows(src, r1 - r0, K, sc.q.data() + r0 * K * 2, sc.d.data() + r0 * nb, sc.sum.data() + r0 * nb);
   });
   const QGemm g{{sc.q.data(), sc.d.data(), sc.sum.data()}, w, M, N, K, out};
   const int64_t tiles = (N + kLanes - 1) / kLanes;
   auto& pool = Pool::instance();
   if (pool.threads() == 1 || M * N * K < (1 << 17)) {
     k.qgemm(g, 0, tiles);
-    return;
+  } else {
+    // A few tiles of 16 outputs a task; each output is computed whole by one thread.
+    const int64_t per = std::max<int64_t>(1, tiles / (pool.threads() * 4));
+    pool.parallel_for((tiles + per - 1) / per, [&](int64_t t) { k.qgemm(g, t * per, std::min(tiles, (t + 1) * per)); });
   }
-  // A few tiles of 16 outputs a task; each output is computed whole by one thread.
-  const int64_t per = std::max<int64_t>(1, tiles / (pool.threads() * 4));
-  pool.parallel_for((tiles + per - 1) / per, [&](int64_t t) { k.qgemm(g, t * per, std::min(tiles, (t + 1) * per)); });
+  if (f.residual) {
+    const float* res = row_major(*f.residual, sc.res);
+    for (int64_t i = 0; i < M * N; ++i) out[i] = out[i] + res[i];
+  }
 }
 
 // The packed weight's arrays as the kernels read them (packing makes them contiguous).
@@ -46,25 +63,34 @@ QWeight packed_view(const std::vector<mx::array>& in, int bits, int group_size) 
 
 class QMatmul : public CpuOnly {
  public:
-  QMatmul(mx::Stream s, int64_t n, int group_size, int bits) : CpuOnly(s), n_(n), group_size_(group_size), bits_(bits) {}
+  QMatmul(mx::Stream s, int64_t n, int group_size, int bits, bool norm, float eps, bool residual)
+      : CpuOnly(s), n_(n), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps), residual_(residual) {}
   const char* name() const override { return "MlxNbQMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QMatmul&>(other);
-    return o.n_ == n_ && o.group_size_ == group_size_ && o.bits_ == bits_;
+    return o.n_ == n_ && o.group_size_ == group_size_ && o.bits_ == bits_ && o.norm_ == norm_ && o.eps_ == eps_ &&
+           o.residual_ == residual_;
   }
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     auto& out = outs[0];
     alloc(out);
     const int64_t K = in[0].shape(-1), M = K ? in[0].size() / K : 0;
+    Fused f;
+    size_t next = 4;
+    if (norm_) f.norm_weight = in[next++], f.eps = eps_;
+    if (residual_) f.residual = in[next++];
     auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.dispatch([x = in[0], w = packed_view(in, bits_, group_size_), M, N = n_, K, o = out.data<float>()]() {
-      run_qmatmul(x, w, M, N, K, o);
+    enc.dispatch([x = in[0], w = packed_view(in, bits_, group_size_), M, N = n_, K, o = out.data<float>(), f]() {
+      run_qmatmul(x, w, M, N, K, o, f);
     });
   }
 
  private:
   int64_t n_;
   int group_size_, bits_;
+  bool norm_;
+  float eps_;
+  bool residual_;
 };
 
 // Rows of a packed weight, dequantized: the lookup of a quantized embedding.
@@ -128,15 +154,27 @@ std::pair<mx::array, mx::array> check_packed(const std::string& op, const mx::ar
 }  // namespace
 
 mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales, const mx::array& biases,
-                  int n, int group_size, int bits, mx::StreamOrDevice s) {
+                  int n, int group_size, int bits, const std::optional<mx::array>& norm_weight, float eps,
+                  const std::optional<mx::array>& residual, mx::StreamOrDevice s) {
   const std::string op = "qmatmul";
   check_float(op, x);
   if (x.ndim() < 1) fail(op, "x must have at least one dimension");
   auto [sc, bi] = check_packed(op, packed, scales, biases, n, x.shape(-1), group_size, bits, s);
   auto shape = x.shape();
   shape.back() = n;
-  auto out = mx::array(shape, mx::float32, std::make_shared<QMatmul>(mx::to_stream(s), n, group_size, bits),
-                       {as_f32(x, s), contiguous_weight(packed, s), sc, bi});
+  std::vector<mx::array> inputs{as_f32(x, s), contiguous_weight(packed, s), sc, bi};
+  if (norm_weight) {
+    if (norm_weight->ndim() != 1 || norm_weight->shape(0) != x.shape(-1)) fail(op, "norm_weight must be [K]");
+    inputs.push_back(as_f32(*norm_weight, s));
+  }
+  if (residual) {
+    if (residual->shape() != shape) fail(op, "residual must have the output's shape");
+    inputs.push_back(as_f32(*residual, s));
+  }
+  auto out = mx::array(shape, mx::float32,
+                       std::make_shared<QMatmul>(mx::to_stream(s), n, group_size, bits, norm_weight.has_value(), eps,
+                                                 residual.has_value()),
+                       std::move(inputs));
   return back_to(out, x.dtype(), s);
 }
 
