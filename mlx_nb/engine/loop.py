@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -23,6 +24,10 @@ from mlx_nb.engine.events import EventLog
 from mlx_nb.engine.types import first_line
 
 log = logging.getLogger("mlx_nb.engine")
+
+
+BURST_GAP_S = 0.005  # submits this close together, to an idle engine, start as one prompt batch
+BURST_MAX_S = 0.05  # ... waiting at most this long for the rest of the burst
 
 
 class EngineClosedError(RuntimeError):
@@ -127,10 +132,15 @@ class EngineLoop:
     def _serve(self) -> None:
         runner, prefills = self.runner, self.prefills
         while True:
+            idle = not (runner.active or prefills)
             try:
-                cmd = self.commands.get(block=not (runner.active or prefills))
+                cmd = self.commands.get(block=idle)
             except queue.Empty:
                 cmd = None
+            # A burst of chats reaching an idle engine (32 clients at once) is read as one prompt
+            # batch: while submits keep arriving BURST_GAP_S apart, wait for them, at most
+            # BURST_MAX_S, instead of starting the first arrivals' prefill alone.
+            burst_end = time.monotonic() + BURST_MAX_S if idle and cmd is not None and cmd[0] == "submit" else 0.0
             while cmd is not None:
                 if not self._handle(cmd):
                     return
@@ -138,6 +148,12 @@ class EngineLoop:
                     cmd = self.commands.get_nowait()
                 except queue.Empty:
                     cmd = None
+                    wait = min(BURST_GAP_S, burst_end - time.monotonic())
+                    if wait > 0:
+                        try:
+                            cmd = self.commands.get(timeout=wait)
+                        except queue.Empty:
+                            cmd = None
             if runner.active:
                 runner.step()
                 self.memory.after_step(runner)
