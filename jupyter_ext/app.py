@@ -47,6 +47,7 @@ class MLXExtension(ExtensionApp):
     load_other_extensions = False  # `jupyter mlx` is an inference server; `jupyter lab` loads us anyway
     serverapp_class = ModelServerApp  # `jupyter mlx`: the model routes only, unless asked for more
     aliases = {**base_aliases, "model": "MLXExtension.model", "services": "ModelServerApp.jupyter_services"}
+    classes = [ModelServerApp]  # the aliases name its option: --help must know the class
 
     model = Unicode(DEFAULT_MODEL, help="Model to serve: a built-in name, a local path, a .gguf file or a hub id.").tag(
         config=True

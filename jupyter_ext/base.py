@@ -58,6 +58,13 @@ class MLXHandler(ExtensionHandlerMixin, APIHandler):
     def authorizer(self):
         return KeyAuthorizer() if self.key_identity else super().authorizer
 
+    def set_cookie(self, name, value, *args, **kwargs):
+        """API clients (a key or token in a header) get no cookies: Jupyter would otherwise hand a
+        login cookie to whoever sent the token. A browser session keeps its own."""
+        if self.request.headers.get("Authorization", "").strip() or self.request.headers.get("x-api-key"):
+            return
+        return super().set_cookie(name, value, *args, **kwargs)
+
     async def prepare(self):
         keys = self.ext.keys
         if keys.accepts(keys.presented(self.request.headers)):

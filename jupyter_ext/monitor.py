@@ -171,10 +171,21 @@ class HealthHandler(MLXHandler):
 
 
 class NotFoundHandler(MLXHandler):
-    """Any other path under `mlx/v1`: a JSON 404 (after auth, so it reveals nothing)."""
+    """Any other path under `mlx/v1`: a JSON 404 (after auth, so it reveals nothing), in the shape of
+    the API the path belongs to, with the base URL its clients need when they doubled a `/v1`
+    (Claude Code given `.../mlx/v1` asks for `.../mlx/v1/v1/messages`)."""
+
+    def prepare(self):
+        self.anthropic = "/messages" in self.request.path  # Anthropic's error shape for its paths
+        return super().prepare()
 
     def _missing(self, *args):
-        raise not_found(f"no route {self.request.method} {self.request.path}")
+        path = self.request.path
+        message = f"no route {self.request.method} {path}"
+        if "/mlx/v1/v1/" in path:
+            base = path.split("/mlx/v1/v1/")[0] + "/mlx"
+            message += f": set the client's base URL to {base} (it adds /v1 itself)"
+        raise not_found(message)
 
     get = web.authenticated(authorized(_missing))
     post = web.authenticated(authorized(_missing))

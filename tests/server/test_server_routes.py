@@ -495,3 +495,16 @@ async def test_openai_sdk_gets_the_tool_call_the_model_makes(jp_serverapp, http_
     assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == {"city": "Paris"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
+
+
+async def test_unknown_routes_answer_in_their_apis_shape(jp_fetch, mlx_ext):
+    """A client configured with one /v1 too many (Claude Code given .../mlx/v1) gets an error its SDK
+    reads (Anthropic's shape on an Anthropic path) that names the base URL to use."""
+    err = await fetch_error(jp_fetch, "mlx", "v1", "v1", "messages", method="POST", body=b"{}")
+    reply = error_body(err)
+    assert err.code == 404 and reply["type"] == "error" and reply["error"]["type"] == "not_found_error"
+    assert reply["error"]["message"].endswith("/mlx (it adds /v1 itself)")
+    err = await fetch_error(jp_fetch, "mlx", "v1", "v1", "chat", "completions", method="POST", body=b"{}")
+    reply = error_body(err)
+    assert err.code == 404 and "type" not in reply and reply["error"]["code"] == "not_found"
+    assert "set the client's base URL" in reply["error"]["message"]
