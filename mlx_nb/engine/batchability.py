@@ -9,7 +9,8 @@
 An architecture the matrix has never seen (a newer mlx-lm, an `untested` entry, cache types its
 entry never had, or a `batched` verdict measured on another version of the package) takes the
 safe path: plain KV caches batch, anything else is prefilled alone; `Engine.status()["policy"]`
-says which policy applies and why.
+says which policy applies and why. A batched verdict for caches that are not all plain KV (or for
+an unseen architecture) is checked on the model's own weights at load (`batch_probe.py`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ DOC = "docs/compatibility.md"
 @dataclass(frozen=True)
 class BatchPolicy:
     mode: str  # one of MODES
-    source: str  # "matrix" | "unseen" | "caches" (a cache that cannot merge) | "forced" (by the caller)
+    # "matrix" | "unseen" | "caches" (a cache that cannot merge) | "forced" (by the caller) | "checked"
+    # (the load-time check on the model's own weights overruled a batched verdict)
+    source: str
     reason: str  # one line
     architecture: str
     package: str = "mlx_lm"
+    check: Optional[dict] = None  # the load-time check on the model's own weights (batch_probe.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +130,27 @@ def _safe(architecture: str, package: str, names: list, why: str) -> BatchPolicy
         return BatchPolicy("batched", "unseen", f"{why}; plain KV caches batch safely", architecture, package)
     return BatchPolicy("prefill_alone", "unseen", f"{why}; its {sorted(matrix.leaf_types(names))} caches are "
                        "prefilled one request at a time, as a precaution", architecture, package)
+
+
+def needs_check(policy: BatchPolicy, caches: list) -> bool:
+    """Whether to check on the model's own weights before batching its prompts: a batched verdict
+    for caches that are not all plain KV caches, or for an architecture the matrix has not seen."""
+    if policy.mode != "batched" or policy.source in ("forced", "caches"):
+        return False
+    names = [cache_type_name(c) for c in caches if cache_type_name(c) != "RopeDeltaCache"]
+    return policy.source == "unseen" or not all(n == "KVCache" for n in matrix.leaf_types(names))
+
+
+def after_check(policy: BatchPolicy, result: dict) -> BatchPolicy:
+    """The policy once the load-time check has run: prompts prefilled alone if it disagreed."""
+    from dataclasses import replace
+
+    if result["agrees"]:
+        return replace(policy, check=result)
+    return BatchPolicy("prefill_alone", "checked", f"{policy.architecture}: on this model's own weights, prompts "
+                       f"read together differ from alone (first-token log-probabilities by up to "
+                       f"{result['max_difference']:.3g}): each is prefilled on its own", policy.architecture,
+                       policy.package, result)
 
 
 def refusal(model_name: str, policy: BatchPolicy) -> str:

@@ -97,7 +97,7 @@ class EngineLoop:
             self._release()
 
     def _load(self) -> None:
-        from mlx_nb.engine.batchability import policy_for, refusal
+        from mlx_nb.engine.batchability import after_check, needs_check, policy_for, refusal
         from mlx_nb.engine.layout import always_trimmable
         from mlx_nb.engine.memory import MemoryPolicy
         from mlx_nb.engine.prefix import PrefixCache
@@ -108,6 +108,12 @@ class EngineLoop:
         self.runtime = runtime_info()
         loaded = load_model(self.model_name, **self.load_options)
         self.policy = policy_for(loaded, self.forced_policy)
+        if loaded.kind == "text" and needs_check(self.policy, loaded.make_cache()):
+            from mlx_nb.engine.batch_probe import cached_check
+            from mlx_nb.models.progress import report
+
+            report("checking batched prefill on this model's weights")
+            self.policy = after_check(self.policy, cached_check(loaded))
         if self.policy.mode == "refused":
             raise ModelLoadError(refusal(self.model_name, self.policy))
         self.loaded = loaded
