@@ -42,14 +42,16 @@ class QLinear(nn.Module):
         return cls(packed, s, b, input_dims=w.shape[1] * 32 // bits, output_dims=w.shape[0],
                    group_size=group_size, bits=bits, bias=None if bias is None else bias.astype(mx.float32))
 
-    def __call__(self, x: mx.array, norm: Optional["RMSNorm"] = None, residual: Optional[mx.array] = None) -> mx.array:
-        """x W^T (+ bias); with `norm`, of norm(x) (fused: one op); with `residual`, plus it."""
+    def __call__(self, x: mx.array, norm: Optional["RMSNorm"] = None, residual: Optional[mx.array] = None,
+                 gate: bool = False) -> mx.array:
+        """x W^T (+ bias); of norm(x) with `norm`, of silu(g) * u for x = [g, u] with `gate` (fused:
+        one op); plus `residual`."""
         if "bias" in self and residual is not None:  # keep the order bias, then residual
-            return self(x, norm) + residual
+            return self(x, norm, gate=gate) + residual
         y = native().qmatmul(x, self.packed, self.scales, self.biases, n=self.output_dims,
                              group_size=self.group_size, bits=self.bits,
                              norm_weight=None if norm is None else norm.weight, eps=0.0 if norm is None else norm.eps,
-                             residual=residual)
+                             residual=residual, gate=gate)
         return y + self["bias"] if "bias" in self else y
 
     def _extra_repr(self) -> str:
@@ -141,7 +143,7 @@ class SwiGLU(nn.Module):
 
     def residual_block(self, h: mx.array, norm: "RMSNorm") -> mx.array:
         """h + self(norm(h)), with the norm and the addition fused into the packed projections."""
-        return self.down_proj(native().silu_gate(self.gate_up(h, norm=norm)), residual=h)
+        return self.down_proj(self.gate_up(h, norm=norm), residual=h, gate=True)
 
 
 class Attention(nn.Module):

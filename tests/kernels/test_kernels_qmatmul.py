@@ -97,3 +97,21 @@ def test_bad_arguments_say_what_to_do(native):
         native.qmatmul(mx.ones((1, 60)), packed, ps, pb, n=16, group_size=32, bits=4)
     with pytest.raises(ValueError, match="floating"):
         native.qmatmul(mx.ones((1, 64), dtype=mx.int32), packed, ps, pb, n=16, group_size=32, bits=4)
+
+
+def test_fused_norm_gate_and_residual_equal_the_separate_ops(native):
+    """A decoder layer's norm, SiLU gate and skip connection fused into the matmul give exactly what
+    the separate kernels give."""
+    rng = np.random.default_rng(8)
+    w, s, b = _weights(rng, 48, 96, 4, 32, True)
+    packed, ps, pb = pack(w, s, b, 32, 4)
+    x = mx.array(rng.standard_normal((5, 96)).astype(np.float32))
+    gu = mx.array(rng.standard_normal((5, 192)).astype(np.float32))
+    nw = mx.array(rng.standard_normal(96).astype(np.float32))
+    res = mx.array(rng.standard_normal((5, 48)).astype(np.float32))
+    mm = lambda a, **kw: native.qmatmul(a, packed, ps, pb, n=48, group_size=32, bits=4, **kw)  # noqa: E731
+    same = lambda a, b: np.array_equal(np.asarray(a), np.asarray(b))  # noqa: E731
+    assert same(mm(x, norm_weight=nw, eps=1e-5), mm(native.rms_norm(x, nw, 1e-5)))
+    assert same(mm(gu, gate=True), mm(native.silu_gate(gu)))
+    assert same(mm(x, residual=res), mm(x) + res)
+    assert same(mm(gu, gate=True, residual=res), mm(native.silu_gate(gu)) + res)

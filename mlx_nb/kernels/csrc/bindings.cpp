@@ -17,9 +17,10 @@ using namespace nb::literals;
 NB_MODULE(_native, m) {
   m.doc() = "mlx-nb's CPU kernels as MLX operations";
   m.def("qmatmul", &mlxnb::qmatmul, "x"_a, "packed"_a, "scales"_a, "biases"_a, nb::kw_only(), "n"_a, "group_size"_a,
-        "bits"_a, "norm_weight"_a = nb::none(), "eps"_a = 0.0f, "residual"_a = nb::none(), "stream"_a = nb::none(),
-        "x @ W.T for a packed 4/8-bit affine weight, int8 activation blocks; optionally RMSNorm(x) first and a "
-        "residual added.");
+        "bits"_a, "norm_weight"_a = nb::none(), "eps"_a = 0.0f, "residual"_a = nb::none(), "gate"_a = false,
+        "stream"_a = nb::none(),
+        "x @ W.T for a packed 4/8-bit affine weight, int8 activation blocks; optionally RMSNorm(x) or a SiLU "
+        "gate of x's halves first, and a residual added.");
   m.def("qgather", &mlxnb::qgather, "ids"_a, "packed"_a, "scales"_a, "biases"_a, nb::kw_only(), "n"_a, "k"_a,
         "group_size"_a, "bits"_a, "stream"_a = nb::none(), "Rows of a packed weight, dequantized.");
   m.def("rms_norm", &mlxnb::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none());

@@ -13,10 +13,12 @@ namespace mlxnb {
 
 // x @ W.T for an affine-quantized weight W of n outputs in the kernels' packed layout (isa.h;
 // mlx_nb.kernels.packing makes it from MLX's), activations quantized to int8 in blocks of 32.
-// With norm_weight, x is RMS-normalized first (eps); with residual, it is added to the result.
+// With norm_weight, x is RMS-normalized first (eps); with gate, x holds [gate, up] halves and the
+// matmul reads silu(gate) * up; with residual, it is added to the result.
 mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales, const mx::array& biases,
                   int n, int group_size, int bits, const std::optional<mx::array>& norm_weight = std::nullopt,
-                  float eps = 0.0f, const std::optional<mx::array>& residual = std::nullopt, mx::StreamOrDevice s = {});
+                  float eps = 0.0f, const std::optional<mx::array>& residual = std::nullopt, bool gate = false,
+                  mx::StreamOrDevice s = {});
 // Rows `ids` of such a weight (n rows of k), dequantized to float32: a quantized embedding's lookup.
 mx::array qgather(const mx::array& ids, const mx::array& packed, const mx::array& scales, const mx::array& biases,
                   int n, int k, int group_size, int bits, mx::StreamOrDevice s = {});

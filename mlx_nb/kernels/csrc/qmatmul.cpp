@@ -18,23 +18,27 @@ struct Scratch {
 struct Fused {
   std::optional<mx::array> norm_weight, residual;
   float eps = 0.0f;
+  bool gate = false;  // x holds [gate, up] halves: the matmul reads silu(gate) * up (a SwiGLU's down)
 };
 
 void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, int64_t K, float* out, const Fused& f) {
   thread_local Scratch scratch;
   Scratch& sc = scratch;  // the caller's: a lambda body naming a thread_local would get the worker's
   const float* x = row_major(xa, sc.x);
-  const int64_t nb = K / kBlock;
+  const int64_t nb = K / kBlock, xk = f.gate ? 2 * K : K;  // x's row length
   sc.q.resize(M * K * 2);
   sc.d.resize(M * nb);
   sc.sum.resize(M * nb);
   const Isa& k = isa();
   const float* nw = f.norm_weight ? row_major(*f.norm_weight, sc.norm_w) : nullptr;
-  if (nw) sc.normed.resize(M * K);
+  if (nw || f.gate) sc.normed.resize(M * K);
   for_rows(M, K, [&](int64_t r0, int64_t r1) {
     const float* src = x + r0 * K;
     if (nw) {
       for (int64_t r = r0; r < r1; ++r) k.rms_norm(x + r * K, nw, sc.normed.data() + r * K, K, f.eps);
+      src = sc.normed.data() + r0 * K;
+    } else if (f.gate) {
+      for (int64_t r = r0; r < r1; ++r) k.silu_mul(x + r * xk, x + r * xk + K, sc.normed.data() + r * K, K);
       src = sc.normed.data() + r0 * K;
     }
     k.quantize_rows(src, r1 - r0, K, sc.q.data() + r0 * K * 2, sc.d.data() + r0 * nb, sc.sum.data() + r0 * nb);
@@ -63,19 +67,21 @@ QWeight packed_view(const std::vector<mx::array>& in, int bits, int group_size) 
 
 class QMatmul : public CpuOnly {
  public:
-  QMatmul(mx::Stream s, int64_t n, int group_size, int bits, bool norm, float eps, bool residual)
-      : CpuOnly(s), n_(n), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps), residual_(residual) {}
+  QMatmul(mx::Stream s, int64_t n, int group_size, int bits, bool norm, float eps, bool residual, bool gate)
+      : CpuOnly(s), n_(n), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps), residual_(residual),
+        gate_(gate) {}
   const char* name() const override { return "MlxNbQMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QMatmul&>(other);
     return o.n_ == n_ && o.group_size_ == group_size_ && o.bits_ == bits_ && o.norm_ == norm_ && o.eps_ == eps_ &&
-           o.residual_ == residual_;
+           o.residual_ == residual_ && o.gate_ == gate_;
   }
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     auto& out = outs[0];
     alloc(out);
-    const int64_t K = in[0].shape(-1), M = K ? in[0].size() / K : 0;
+    const int64_t K = in[0].shape(-1) / (gate_ ? 2 : 1), M = K ? in[0].size() / (gate_ ? 2 * K : K) : 0;
     Fused f;
+    f.gate = gate_;
     size_t next = 4;
     if (norm_) f.norm_weight = in[next++], f.eps = eps_;
     if (residual_) f.residual = in[next++];
@@ -90,7 +96,7 @@ class QMatmul : public CpuOnly {
   int group_size_, bits_;
   bool norm_;
   float eps_;
-  bool residual_;
+  bool residual_, gate_;
 };
 
 // Rows of a packed weight, dequantized: the lookup of a quantized embedding.
@@ -155,16 +161,18 @@ std::pair<mx::array, mx::array> check_packed(const std::string& op, const mx::ar
 
 mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales, const mx::array& biases,
                   int n, int group_size, int bits, const std::optional<mx::array>& norm_weight, float eps,
-                  const std::optional<mx::array>& residual, mx::StreamOrDevice s) {
+                  const std::optional<mx::array>& residual, bool gate, mx::StreamOrDevice s) {
   const std::string op = "qmatmul";
   check_float(op, x);
   if (x.ndim() < 1) fail(op, "x must have at least one dimension");
-  auto [sc, bi] = check_packed(op, packed, scales, biases, n, x.shape(-1), group_size, bits, s);
+  if (gate && (x.shape(-1) % 2 || norm_weight)) fail(op, "gate takes x as [gate, up] halves, without a norm");
+  const int64_t K = x.shape(-1) / (gate ? 2 : 1);
+  auto [sc, bi] = check_packed(op, packed, scales, biases, n, K, group_size, bits, s);
   auto shape = x.shape();
   shape.back() = n;
   std::vector<mx::array> inputs{as_f32(x, s), contiguous_weight(packed, s), sc, bi};
   if (norm_weight) {
-    if (norm_weight->ndim() != 1 || norm_weight->shape(0) != x.shape(-1)) fail(op, "norm_weight must be [K]");
+    if (norm_weight->ndim() != 1 || norm_weight->shape(0) != K) fail(op, "norm_weight must be [K]");
     inputs.push_back(as_f32(*norm_weight, s));
   }
   if (residual) {
@@ -173,7 +181,7 @@ mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& 
   }
   auto out = mx::array(shape, mx::float32,
                        std::make_shared<QMatmul>(mx::to_stream(s), n, group_size, bits, norm_weight.has_value(), eps,
-                                                 residual.has_value()),
+                                                 residual.has_value(), gate),
                        std::move(inputs));
   return back_to(out, x.dtype(), s);
 }
