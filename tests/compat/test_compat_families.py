@@ -42,7 +42,14 @@ def test_every_cache_family_batched_equals_the_reference(family, tmp_path):
     run = checks.run_engine(path, None, want)  # None: the policy the engine takes from the matrix
 
     verdict = matrix.entries("mlx_lm")[arch]["verdict"]
-    assert (run.policy["source"], run.policy["mode"]) == ("matrix", verdict), run.policy
+    if verdict == "batched" and leaves(types) != {"KVCache"}:
+        # checked on these weights at load: confirmed, or overruled (rwkv7's state reads the padding
+        # on this draw although its greedy tokens agreed when the matrix was measured)
+        assert run.policy["check"] is not None, run.policy
+        expected = ("matrix", "batched") if run.policy["check"]["agrees"] else ("checked", "prefill_alone")
+        assert (run.policy["source"], run.policy["mode"]) == expected, run.policy
+    else:
+        assert (run.policy["source"], run.policy["mode"]) == ("matrix", verdict), run.policy
     assert run.error is None, f"{arch}: {run.error}"
     assert run.differs == [], f"{arch} ({run.policy['mode']}): rows {run.differs} differ from generate_step alone"
     assert run.checks["late_join"] and run.checks["abort"], run.checks

@@ -39,7 +39,8 @@ def test_a_greedy_request_is_unchanged_next_to_a_sampling_one(llama_engine):
     hot = llama_engine.submit(prompt=PROMPT, max_tokens=12, temperature=1.5, top_p=0.9, min_p=0.05)
     greedy = llama_engine.submit(prompt="greedy", max_tokens=12)
     assert greedy.result(timeout=60).token_ids == alone
-    assert hot.result(timeout=60).finish_reason == "length"
+    sampled = hot.result(timeout=60)  # a random model may sample its end token: either ending is its own
+    assert sampled.error is None and sampled.finish_reason in ("length", "stop") and sampled.token_ids
 
 
 def test_top_k_of_one_is_greedy_at_any_temperature(llama_engine):

@@ -224,7 +224,7 @@ async def test_chat_errors_are_openai_shaped(jp_fetch, mlx_ready):
 async def test_messages_errors_are_anthropic_shaped(jp_fetch, mlx_ready):
     cases = [
         ({"messages": [{"role": "user", "content": "hi"}]}, 400, "invalid_request_error", "max_tokens"),
-        ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error", "role"),
+        ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_request_error", "role"),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
              "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]},
