@@ -21,31 +21,42 @@ int32_t argmax_row(const float* x, int64_t n) {
 
 struct Row {
   std::vector<float> p;         // exp(x - max), then 0 where filtered out
+  std::vector<float> w;         // the tempered weights
   std::vector<int32_t> order;   // token ids, the first `sorted` of them by p descending
 };
 
 // Zeroes p outside the nucleus: a token is kept while the mass of the tokens ranked above it is
-// below top_p of the total (mlx_lm's apply_top_p). Sorts only as deep as the nucleus reaches.
+// below top_p of the total (mlx_lm's apply_top_p). The boundary is found by a weighted quickselect
+// (partition around a pivot, keep the heavier side whole or search inside it), so a flat
+// distribution whose nucleus is most of the vocabulary costs O(V), not a sort of it.
 void keep_top_p(Row& r, float top_p) {
   const int64_t n = r.p.size();
   double total = 0.0;
   for (float v : r.p) total += v;
-  const double target = top_p * total;
+  double need = top_p * total;  // mass still to take from order[lo, hi)
   r.order.resize(n);
   std::iota(r.order.begin(), r.order.end(), 0);
-  auto desc = [&](int32_t a, int32_t b) { return r.p[a] > r.p[b] || (r.p[a] == r.p[b] && a < b); };
-  int64_t depth = std::min<int64_t>(64, n), kept = n;
-  for (;;) {
-    std::partial_sort(r.order.begin(), r.order.begin() + depth, r.order.end(), desc);
-    double above = 0.0;
-    int64_t i = 0;
-    for (; i < depth && above < target; ++i) above += r.p[r.order[i]];
-    if (above >= target || depth == n) {
-      kept = i;
-      break;
+  const auto& p = r.p;
+  auto desc = [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); };
+  int64_t lo = 0, hi = n;  // order[0, lo) is kept whole; the boundary lies in order[lo, hi)
+  while (hi - lo > 64) {
+    const float a = p[r.order[lo]], b = p[r.order[(lo + hi) / 2]], c = p[r.order[hi - 1]];
+    const float pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));  // median of three
+    auto mid_it = std::partition(r.order.begin() + lo, r.order.begin() + hi, [&](int32_t i) { return p[i] > pivot; });
+    const int64_t mid = mid_it - r.order.begin();
+    double heavier = 0.0;
+    for (int64_t i = lo; i < mid; ++i) heavier += p[r.order[i]];
+    if (mid == lo) break;  // the rest are all equal to the pivot: sort them below
+    if (heavier >= need) {
+      hi = mid;
+    } else {
+      need -= heavier;
+      lo = mid;
     }
-    depth = std::min<int64_t>(depth * 8, n);
   }
+  std::sort(r.order.begin() + lo, r.order.begin() + hi, desc);
+  int64_t kept = lo;
+  for (double above = 0.0; kept < hi && above < need; ++kept) above += p[r.order[kept]];
   for (int64_t i = kept; i < n; ++i) r.p[r.order[i]] = 0.0f;
 }
 
@@ -65,7 +76,7 @@ int32_t sample_row(const Isa& k, const float* x, int64_t n, float temp, float to
   if (temp <= 0.0f) return argmax_row(x, n);
   r.p.resize(n);
   float m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = std::fmax(m, x[i]);
+  for (int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
   k.sub_scalar(x, m, r.p.data(), n);
   k.exp(r.p.data(), r.p.data(), n);  // p = exp(x - max): the top token has 1
   if (top_p > 0.0f && top_p < 1.0f) keep_top_p(r, top_p);
@@ -75,12 +86,14 @@ int32_t sample_row(const Isa& k, const float* x, int64_t n, float temp, float to
   keep_top_k(r, top_k);
   // Draw at the temperature among the kept: weight exp((x - max) / temp) = p ^ (1 / temp).
   const float inv_t = 1.0f / temp;
+  if (inv_t != 1.0f) {
+    r.w.resize(n);
+    for (int64_t i = 0; i < n; ++i) r.w[i] = (x[i] - m) * inv_t;
+    k.exp(r.w.data(), r.w.data(), n);
+    for (int64_t i = 0; i < n; ++i) r.p[i] = r.p[i] > 0.0f ? r.w[i] : 0.0f;
+  }
   double total = 0.0;
-  for (int64_t i = 0; i < n; ++i)
-    if (r.p[i] > 0.0f) {
-      r.p[i] = inv_t == 1.0f ? r.p[i] : std::exp((x[i] - m) * inv_t);
-      total += r.p[i];
-    }
+  for (int64_t i = 0; i < n; ++i) total += r.p[i];
   const double target = static_cast<double>(u) * total;
   double acc = 0.0;
   int32_t last = argmax_row(x, n);
