@@ -68,11 +68,12 @@ inline mx::array contiguous_weight(const mx::array& a, mx::StreamOrDevice s) {
   return mx::contiguous(a, false, s);
 }
 
-// Rows of `n` split into contiguous chunks over the pool when the work is large enough.
+// Rows of `n` split into contiguous chunks over the pool when the work (rows * n elements) is at
+// least `min_work`: below it, handing work to another thread costs more than it saves.
 template <class F>
-void for_rows(int64_t rows, int64_t n, F&& f) {
+void for_rows(int64_t rows, int64_t n, F&& f, int64_t min_work = 1 << 15) {
   auto& pool = Pool::instance();
-  if (rows < 2 || rows * n < (1 << 15) || pool.threads() == 1) {
+  if (rows < 2 || rows * n < min_work || pool.threads() == 1) {
     f(0, rows);
     return;
   }
