@@ -73,7 +73,8 @@ async def test_chat_non_stream(jp_fetch, mlx_ready):
 
 async def test_chat_stream_is_sse(jp_fetch, mlx_ready):
     pieces: list[bytes] = []
-    request = {**HELLO, "stream": True, "stream_options": {"include_usage": True}}
+    # greedy, so the reply is long enough to arrive in several reads however fast the engine is
+    request = {**HELLO, "max_tokens": 48, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     r = await jp_fetch(
         "mlx", "v1", "chat", "completions", method="POST", body=body(request), streaming_callback=pieces.append
     )
