@@ -9,6 +9,7 @@ absolute numbers are not comparable across runs or machines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -56,21 +57,30 @@ def export_dense(loaded, dtype: str, dest: Path) -> Path:
     return dest
 
 
-def measure(server, levels, max_tokens, reps, extras=None, prompt_text=None) -> dict:
-    out = {"name": server.name, "levels": {}}
-    workload.concurrent(server, 1, 8, salt="warm")  # load, JIT kernels
+def measure(server, levels, max_tokens, reps, extras=None) -> dict:
+    return measure_side_by_side([server], levels, max_tokens, reps, extras)[0]
+
+
+def measure_side_by_side(servers, levels, max_tokens, reps, extras=None, prompt_text=None) -> list[dict]:
+    """Each level (and the long-prompt read) with the servers' runs taking turns; `extras` for the first."""
+    outs = [{"name": s.name, "levels": {}} for s in servers]
+    for s in servers:
+        workload.concurrent(s, 1, 8, salt="warm")  # load, JIT kernels
     for n in levels:
-        out["levels"][n] = workload.level(server, n, max_tokens, reps)
-        print(f"  {server.name} N={n}: {out['levels'][n]['agg_tps']:.1f} tok/s", flush=True)
+        for s, out, lv in zip(servers, outs, workload.paired_level(servers, n, max_tokens, reps)):
+            out["levels"][n] = lv
+            print(f"  {s.name} N={n}: {lv['agg_tps']:.1f} tok/s", flush=True)
     if prompt_text:
-        out["prompt_read"] = workload.prompt_read(server, prompt_text)
-        print(f"  {server.name} prompt: {out['prompt_read']['prompt_tps']:.0f} tok/s", flush=True)
+        for s, out, p in zip(servers, outs, workload.prompt_read(servers, prompt_text)):
+            out["prompt_read"] = p
+            print(f"  {s.name} prompt: {p['prompt_tps']:.0f} tok/s", flush=True)
     if extras:
+        server, out = servers[0], outs[0]
         out["prefix"] = prefix.shared_prefix_ttft(server, extras["system_text"])
         out["turns"] = prefix.turn_costs(server)
         out["interference"] = prefix.long_prompt_interference(server, extras["long_text"], extras["eos_ids"])
         print(f"  {server.name} long prompt: {out['interference']}", flush=True)
-    return out
+    return outs
 
 
 def main() -> None:
@@ -117,9 +127,18 @@ def main() -> None:
     step_profile = steps.profile(MODEL)
 
     runs = {}
-    print("mlx-nb", flush=True)
-    with servers.mlx_nb_server(MODEL, log=logs / "mlx-nb.log") as s:
-        runs["ours"] = measure(s, levels, args.max_tokens, args.reps, extras, prompt_text)
+    llama = "llamacpp" not in skip and servers.llama_server_binary() is not None
+    print("mlx-nb" + (" and llama-server, side by side" if llama else ""), flush=True)
+    with contextlib.ExitStack() as stack:
+        # Both up at once (each idles while the other runs): their runs take turns at every level,
+        # so a machine slowing down for a few minutes slows both sides of each ratio.
+        up = [stack.enter_context(servers.mlx_nb_server(MODEL, log=logs / "mlx-nb.log"))]
+        if llama:
+            up.append(stack.enter_context(servers.llama_server(_smollm2_gguf(), log=logs / "llama_server.log")))
+        measured = measure_side_by_side(up, levels, args.max_tokens, args.reps, extras, prompt_text)
+        runs["ours"] = measured[0]
+        if llama:
+            runs["llama_server"] = measured[1]
     if "plain" not in skip:
         print("mlx_lm.server", flush=True)
         with servers.mlx_lm_server(f16_dir, fast_runtime=False, log=logs / "mlx_lm.log") as s:
@@ -129,10 +148,6 @@ def main() -> None:
         print("mlx_lm.server + runtime", flush=True)
         with servers.mlx_lm_server(f32_dir, fast_runtime=True, log=logs / "mlx_lm_runtime.log") as s:
             runs["peer_runtime"] = measure(s, levels, args.max_tokens, args.reps, extras)
-    if "llamacpp" not in skip and servers.llama_server_binary() is not None:
-        print("llama-server", flush=True)
-        with servers.llama_server(_smollm2_gguf(), log=logs / "llama_server.log") as s:
-            runs["llama_server"] = measure(s, levels, args.max_tokens, args.reps, prompt_text=prompt_text)
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     data = {"date": stamp, "machine": machine, "platform": platform.platform(), "cpus": os.cpu_count(),

@@ -91,24 +91,41 @@ def concurrent(server, n: int, max_tokens: int, salt: str) -> dict:
 def level(server, n: int, max_tokens: int, reps: int) -> dict:
     """A warm-up at this concurrency (its one-time costs land on nobody), then `reps` cold runs;
     the median run by aggregate tokens/s stands for the level, and the spread is kept."""
-    concurrent(server, n, 8, salt=f"warm-{n}")
-    runs = [concurrent(server, n, max_tokens, salt=f"{n}-{r}") for r in range(reps)]
-    runs.sort(key=lambda r: r["agg_tps"])
-    return {**runs[len(runs) // 2], "agg_tps_runs": [r["agg_tps"] for r in runs]}
+    return paired_level([server], n, max_tokens, reps)[0]
 
 
-def prompt_read(server, text: str, reps: int = 3) -> dict:
-    """Reading one long prompt alone: prompt tokens / seconds until the reply (one new token),
-    a salt first so no prefix cache serves it; the median of `reps` cold runs."""
-    c = client(server)
-    runs = []
-    for r in range(reps + 1):  # the first run warms the server's kernels for this length
-        t = time.perf_counter()
-        reply = c.chat.completions.create(model=server.model, max_tokens=1, temperature=0.0, messages=[
-            {"role": "user", "content": f"Reading test {r} ({server.name}). Summarise this text.\n\n{text}"}])
-        elapsed = time.perf_counter() - t
-        if r:
-            runs.append((reply.usage.prompt_tokens / elapsed, reply.usage.prompt_tokens, elapsed))
-    runs.sort()
-    tps, tokens, seconds = runs[len(runs) // 2]
-    return {"prompt_tokens": tokens, "seconds": seconds, "prompt_tps": tps, "prompt_tps_runs": [x[0] for x in runs]}
+def paired_level(servers: list, n: int, max_tokens: int, reps: int) -> list[dict]:
+    """`level` for several servers at once, their runs taking turns (a, b, a, b, ...): on a shared
+    machine whose speed drifts over minutes, each ratio then compares runs made side by side."""
+    for server in servers:
+        concurrent(server, n, 8, salt=f"warm-{n}")
+    runs = [[] for _ in servers]
+    for r in range(reps):
+        for i, server in enumerate(servers):
+            runs[i].append(concurrent(server, n, max_tokens, salt=f"{n}-{r}"))
+    out = []
+    for rs in runs:
+        rs.sort(key=lambda x: x["agg_tps"])
+        out.append({**rs[len(rs) // 2], "agg_tps_runs": [x["agg_tps"] for x in rs]})
+    return out
+
+
+def prompt_read(servers: list, text: str, reps: int = 3) -> list[dict]:
+    """Reading one long prompt alone, per server: prompt tokens / seconds until the reply (one new
+    token), a salt first so no prefix cache serves it; the median of `reps` cold runs, the servers'
+    runs taking turns."""
+    runs = [[] for _ in servers]
+    for r in range(reps + 1):  # the first run warms each server's kernels for this length
+        for i, server in enumerate(servers):
+            t = time.perf_counter()
+            reply = client(server).chat.completions.create(model=server.model, max_tokens=1, temperature=0.0, messages=[
+                {"role": "user", "content": f"Reading test {r} ({server.name}). Summarise this text.\n\n{text}"}])
+            elapsed = time.perf_counter() - t
+            if r:
+                runs[i].append((reply.usage.prompt_tokens / elapsed, reply.usage.prompt_tokens, elapsed))
+    out = []
+    for rs in runs:
+        rs.sort()
+        tps, tokens, seconds = rs[len(rs) // 2]
+        out.append({"prompt_tokens": tokens, "seconds": seconds, "prompt_tps": tps, "prompt_tps_runs": [x[0] for x in rs]})
+    return out

@@ -8,15 +8,18 @@ function tools (flat: `{"type": "function", "name", "parameters"}`), `tool_choic
 instruction, then a check). Items are translated into the engine's one (chat) message format.
 
 Refused with a 400, because silently dropping them changes the answer: `previous_response_id`
-and `item_reference` (this server stores no responses: send the whole conversation), files, and
-hosted tools (`web_search`, `file_search`, `code_interpreter`, `mcp`, ...: this server runs no
-tool itself). `reasoning` items, `store`, `metadata`, `include`, `truncation` are accepted and
-ignored. The stream translator is `openai_responses_stream.py`.
+and `item_reference` (this server stores no responses: send the whole conversation), and files.
+Hosted tools (`web_search`, `file_search`, `code_interpreter`, `mcp`, ...) run on OpenAI's side and
+this server runs none: they are dropped, and the response's `warnings` (and the log) say so, since
+clients such as Codex list them by default; a `tool_choice` that demands one is a 400.
+`reasoning` items, `store`, `metadata`, `include`, `truncation` are accepted and ignored. The
+stream translator is `openai_responses_stream.py`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Iterable, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
@@ -32,6 +35,8 @@ from mlx_nb.api.request_common import (
 )
 from mlx_nb.api.tool_calls import ToolParser, split_tool_calls
 from mlx_nb.engine.types import Result, Usage
+
+log = logging.getLogger("mlx_nb.api")
 
 
 class Part(WireModel):
@@ -84,13 +89,15 @@ class FunctionTool(WireModel):
     strict: Optional[bool] = None
 
     @model_validator(mode="after")
-    def _function_only(self) -> "FunctionTool":
-        if self.type != "function":
-            raise ValueError(f"{self.type!r} is a hosted tool that OpenAI runs; this server runs no tools itself: "
-                             "remove it, or define a function tool and run it yourself")
-        if not self.name:
+    def _named(self) -> "FunctionTool":
+        if self.type == "function" and not self.name:
             raise ValueError("a function tool needs 'name'")
         return self
+
+    @property
+    def hosted(self) -> bool:
+        """A tool OpenAI runs on its side (web_search, file_search, ...): nothing this server can run."""
+        return self.type != "function"
 
     def chat_tool(self) -> dict:
         fn = {"name": self.name, "description": self.description, "parameters": self.parameters or {"type": "object"}}
@@ -135,12 +142,30 @@ class ResponsesRequest(WireModel):
             raise ValueError("this server stores no responses: send the whole conversation as input (store: false)")
         return v
 
+    @model_validator(mode="after")
+    def _no_demanded_hosted_tool(self) -> "ResponsesRequest":
+        choice = self.tool_choice if isinstance(self.tool_choice, dict) else {}
+        if choice.get("type") not in (None, "function", "allowed_tools"):
+            raise ValueError(f"tool_choice demands the hosted tool {choice['type']!r}, which runs on OpenAI's side; "
+                             "this server runs no tools itself: choose a function tool or 'auto'")
+        return self
+
+    @property
+    def functions(self) -> list[FunctionTool]:
+        return [t for t in self.tools or [] if not t.hosted]
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the response says it left out: each hosted tool, dropped."""
+        return [f"the hosted tool {t.type!r} was dropped: this server runs no tools itself"
+                for t in self.tools or [] if t.hosted]
+
     @property
     def wants_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
+        return bool(self.functions) and self.tool_choice != "none"
 
     def chat_tools(self) -> Optional[list[dict]]:
-        return [t.chat_tool() for t in self.tools] if self.wants_tools else None
+        return [t.chat_tool() for t in self.functions] if self.wants_tools else None
 
     @property
     def text_format(self) -> Optional[ResponseFormat]:
@@ -160,6 +185,8 @@ def parse_responses_request(
 
 
 def responses_engine_kwargs(req: ResponsesRequest, defaults: ServerDefaults = ServerDefaults()) -> dict[str, Any]:
+    for warning in req.warnings:
+        log.warning("mlx_nb: responses request: %s", warning)
     messages: list[dict] = []
     if req.instructions:
         messages.append({"role": "system", "content": req.instructions})
@@ -275,7 +302,8 @@ def response_object(
         "max_output_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
-        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "tools": [t.model_dump(exclude_none=True) for t in req.functions],
+        "warnings": req.warnings,
         "tool_choice": req.tool_choice or "auto",
         "parallel_tool_calls": True,
         "previous_response_id": None,

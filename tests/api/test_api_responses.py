@@ -46,7 +46,7 @@ def test_items_become_one_conversation():
 @pytest.mark.parametrize("body, words", [
     ({"input": "hi", "previous_response_id": "resp_1"}, "whole conversation"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "send the items themselves"),
-    ({"input": "hi", "tools": [{"type": "file_search"}]}, "runs no tools itself"),
+    ({"input": "hi", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "runs no tools itself"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input_text"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]}, "not valid JSON"),
     ({"input": ""}, "empty"),
@@ -73,3 +73,18 @@ def test_stream_events_and_the_whole_response_agree():
     assert final["usage"]["input_tokens"] == USAGE.prompt_tokens == whole["usage"]["input_tokens"]
     cut = responses_response(req, result("partial", finish="length"), model="m", created=1)
     assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_hosted_tools_are_dropped_with_a_warning_not_refused(caplog):
+    """Codex lists hosted tools by default: they are left out, and the response and log say so."""
+    from mlx_nb.api.openai_responses import parse_responses_request, response_object
+
+    weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    req = parse_responses_request({"input": "hi", "tools": [weather, {"type": "web_search"}, {"type": "file_search"}]})
+    with caplog.at_level("WARNING", logger="mlx_nb.api"):
+        kw = kwargs({"input": "hi", "tools": [weather, {"type": "web_search"}]})
+    assert [t["function"]["name"] for t in kw["tools"]] == ["get_weather"]
+    assert "web_search" in caplog.text
+    body = response_object(req, response_id="resp_1", model="m", created=0, output=[], status="completed")
+    assert [t["type"] for t in body["tools"]] == ["function"]
+    assert len(body["warnings"]) == 2 and "'web_search' was dropped" in body["warnings"][0]

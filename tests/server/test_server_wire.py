@@ -158,5 +158,8 @@ async def test_responses_route_create_and_stream(jp_fetch, mlx_ready):
         await post(jp_fetch, "responses", request={**ask, "previous_response_id": "resp_1"})
     assert err.value.code == 400 and "whole conversation" in json.loads(err.value.response.body)["error"]["message"]
     with pytest.raises(HTTPClientError) as err:
-        await post(jp_fetch, "responses", request={**ask, "tools": [{"type": "web_search"}]})
+        await post(jp_fetch, "responses", request={**ask, "tools": [{"type": "web_search"}],
+                                                    "tool_choice": {"type": "web_search"}})
     assert err.value.code == 400 and "runs no tools itself" in json.loads(err.value.response.body)["error"]["message"]
+    dropped = json.loads((await post(jp_fetch, "responses", request={**ask, "tools": [{"type": "web_search"}]})).body)
+    assert dropped["status"] in ("completed", "incomplete") and "'web_search' was dropped" in dropped["warnings"][0]
