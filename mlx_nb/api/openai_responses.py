@@ -3,7 +3,8 @@
 What Codex CLI and the OpenAI Agents SDK send: `input` as a string or a list of items —
 messages (`input_text`, `input_image`, and `output_text` from earlier assistant turns),
 `function_call` and `function_call_output` items — plus `instructions` (a leading system message),
-function tools (flat: `{"type": "function", "name", "parameters"}`), `tool_choice`,
+function tools (flat: `{"type": "function", "name", "parameters"}`) and `namespace` tools (a
+group of function tools the client runs, as Codex sends them), `tool_choice`,
 `max_output_tokens` and `text.format` (json_object / json_schema, handled as in chat: an
 instruction, then a check). Items are translated into the engine's one (chat) message format.
 
@@ -12,6 +13,8 @@ and `item_reference` (this server stores no responses: send the whole conversati
 Hosted tools (`web_search`, `file_search`, `code_interpreter`, `mcp`, ...) run on OpenAI's side and
 this server runs none: they are dropped, and the response's `warnings` (and the log) say so, since
 clients such as Codex list them by default; a `tool_choice` that demands one is a 400.
+A namespaced function reaches the model under its own name (`ns__name` where two namespaces share
+one), and its calls come back as `function_call` items naming the `namespace`, as OpenAI's do.
 `reasoning` items, `store`, `metadata`, `include`, `truncation` are accepted and ignored. The
 stream translator is `openai_responses_stream.py`.
 """
@@ -19,8 +22,9 @@ stream translator is `openai_responses_stream.py`.
 from __future__ import annotations
 
 import json
+from collections import Counter
 import logging
-from typing import Any, Iterable, Literal, Optional, Union
+from typing import Any, Iterable, Literal, NamedTuple, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
@@ -65,6 +69,7 @@ class Item(WireModel):
     content: Union[str, list[Part], None] = None
     call_id: Optional[str] = None
     name: Optional[str] = None
+    namespace: Optional[str] = None  # a call to a namespace tool's function
     arguments: Optional[str] = None
     output: Union[str, list[Part], None] = None
 
@@ -87,21 +92,43 @@ class FunctionTool(WireModel):
     description: Optional[str] = None
     parameters: Optional[dict] = None
     strict: Optional[bool] = None
+    tools: Optional[list["FunctionTool"]] = None  # a namespace's function tools
 
     @model_validator(mode="after")
     def _named(self) -> "FunctionTool":
-        if self.type == "function" and not self.name:
-            raise ValueError("a function tool needs 'name'")
+        if self.type in ("function", "namespace") and not self.name:
+            raise ValueError(f"a {self.type} tool needs 'name'")
+        if self.type == "namespace" and any(t.type != "function" for t in self.tools or []):
+            raise ValueError(f"namespace {self.name!r}: only function tools can be grouped in a namespace")
         return self
 
     @property
     def hosted(self) -> bool:
         """A tool OpenAI runs on its side (web_search, file_search, ...): nothing this server can run."""
-        return self.type != "function"
+        return self.type not in ("function", "namespace")
 
-    def chat_tool(self) -> dict:
-        fn = {"name": self.name, "description": self.description, "parameters": self.parameters or {"type": "object"}}
+    def chat_tool(self, name: str, namespace: Optional["FunctionTool"] = None) -> dict:
+        description = self.description
+        if namespace is not None and namespace.description:  # the group's purpose helps the model choose
+            description = f"{namespace.description} {description or ''}".strip()
+        fn = {"name": name, "description": description, "parameters": self.parameters or {"type": "object"}}
         return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+class Function(NamedTuple):
+    """A function tool as the model sees it (`model_name`) and as the client named it."""
+
+    model_name: str
+    tool: FunctionTool
+    namespace: Optional[FunctionTool] = None
+
+
+def _functions(tools: list[FunctionTool]) -> list[Function]:
+    flat = [(t, None) for t in tools if t.type == "function"]
+    flat += [(f, t) for t in tools if t.type == "namespace" for f in t.tools or []]
+    counts = Counter(f.name for f, _ in flat)
+    return [Function(f.name if counts[f.name] == 1 or ns is None else f"{ns.name}__{f.name}", f, ns)
+            for f, ns in flat]
 
 
 class TextFormat(WireModel):
@@ -151,8 +178,22 @@ class ResponsesRequest(WireModel):
         return self
 
     @property
-    def functions(self) -> list[FunctionTool]:
-        return [t for t in self.tools or [] if not t.hosted]
+    def functions(self) -> list[Function]:
+        return _functions(self.tools or [])
+
+    def model_name(self, name: str, namespace: Optional[str]) -> str:
+        """The name the model knows a client's (namespaced) function by."""
+        for f in self.functions:
+            if f.tool.name == name and (f.namespace.name if f.namespace else None) == namespace:
+                return f.model_name
+        return name
+
+    def wire_call(self, call: dict) -> dict:
+        """A parsed call with the client's name for its function, and its namespace if it has one."""
+        for f in self.functions:
+            if f.model_name == call["name"]:
+                return {**call, "name": f.tool.name, **({"namespace": f.namespace.name} if f.namespace else {})}
+        return call
 
     @property
     def warnings(self) -> list[str]:
@@ -165,7 +206,7 @@ class ResponsesRequest(WireModel):
         return bool(self.functions) and self.tool_choice != "none"
 
     def chat_tools(self) -> Optional[list[dict]]:
-        return [t.chat_tool() for t in self.functions] if self.wants_tools else None
+        return [f.tool.chat_tool(f.model_name, f.namespace) for f in self.functions] if self.wants_tools else None
 
     @property
     def text_format(self) -> Optional[ResponseFormat]:
@@ -194,7 +235,7 @@ def responses_engine_kwargs(req: ResponsesRequest, defaults: ServerDefaults = Se
         messages.append({"role": "system", "content": json_instruction(req.text_format)})
     items = [Item(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     for item in items:
-        _add_item(messages, item)
+        _add_item(messages, item, req)
     kwargs: dict[str, Any] = {"messages": messages, "stop": []}
     for name in ("top_p", "temperature", "seed"):
         if (value := getattr(req, name)) is not None:
@@ -205,12 +246,13 @@ def responses_engine_kwargs(req: ResponsesRequest, defaults: ServerDefaults = Se
     return kwargs
 
 
-def _add_item(messages: list[dict], item: Item) -> None:
+def _add_item(messages: list[dict], item: Item, req: ResponsesRequest) -> None:
     if item.type == "message":
         messages.append({"role": item.role, "content": _content(item.content)})
     elif item.type == "function_call":
+        name = req.model_name(item.name, item.namespace)
         call = {"id": item.call_id, "type": "function",
-                "function": {"name": item.name, "arguments": _arguments(item.arguments, item.call_id)}}
+                "function": {"name": name, "arguments": _arguments(item.arguments, item.call_id)}}
         prev = messages[-1] if messages else None
         if prev is not None and prev["role"] == "assistant":  # text then calls, or several calls: one turn
             prev.setdefault("tool_calls", []).append(call)
@@ -272,6 +314,7 @@ def function_call_item(call: dict, status: str = "completed") -> dict:
         "type": "function_call",
         "call_id": call_id,
         "name": call["name"],
+        **({"namespace": call["namespace"]} if call.get("namespace") else {}),
         "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
         "status": status,
     }
@@ -302,7 +345,7 @@ def response_object(
         "max_output_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
-        "tools": [t.model_dump(exclude_none=True) for t in req.functions],
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or [] if not t.hosted],
         "warnings": req.warnings,
         "tool_choice": req.tool_choice or "auto",
         "parallel_tool_calls": True,
@@ -332,6 +375,6 @@ def responses_response(
     if req.wants_tools:
         text, calls = split_tool_calls(result.text, req.chat_tools(), tool_parser, tool_markers)
     output = [message_item(prefixed_id("msg_", result.request_id), text)] if text.strip() or not calls else []
-    output += [function_call_item(c) for c in calls]
+    output += [function_call_item(req.wire_call(c)) for c in calls]
     return response_object(req, response_id=prefixed_id("resp_", result.request_id), model=model, created=created,
                            output=output, status=responses_status(result.finish_reason), usage=result.usage)

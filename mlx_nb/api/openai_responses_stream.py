@@ -118,7 +118,7 @@ class ResponsesStream:
 
     def _call(self, call: dict) -> list[Event]:
         out = self._close_message()
-        item = function_call_item(call)
+        item = function_call_item(self.req.wire_call(call))
         where = dict(output_index=self._index, item_id=item["id"])
         out.append(self._event("response.output_item.added", output_index=self._index,
                                item={**item, "arguments": "", "status": "in_progress"}))

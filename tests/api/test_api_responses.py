@@ -88,3 +88,39 @@ def test_hosted_tools_are_dropped_with_a_warning_not_refused(caplog):
     body = response_object(req, response_id="resp_1", model="m", created=0, output=[], status="completed")
     assert [t["type"] for t in body["tools"]] == ["function"]
     assert len(body["warnings"]) == 2 and "'web_search' was dropped" in body["warnings"][0]
+
+
+def test_namespace_tools_reach_the_model_and_calls_name_their_namespace():
+    """Codex groups client-run functions as `namespace` tools: each is a function the model can call,
+    and a call comes back (whole and streamed) under the client's name with its `namespace`."""
+    spawn = {"type": "function", "name": "spawn", "description": "Start one.", "parameters": {"type": "object"}}
+    body = {"input": [
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "call_1", "name": "spawn", "namespace": "agents", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "started"},
+    ], "tools": [
+        TOOL, {"type": "web_search"},
+        {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [spawn]},
+        {"type": "namespace", "name": "jobs", "tools": [spawn, {**TOOL, "name": "wait"}]},
+    ]}
+    req = parse_responses_request(body)
+    kw = responses_engine_kwargs(req)
+    names = [t["function"]["name"] for t in kw["tools"]]
+    assert names == ["get_weather", "agents__spawn", "jobs__spawn", "wait"]  # shared names are qualified
+    assert kw["tools"][1]["function"]["description"] == "Sub-agents. Start one."
+    assert kw["messages"][1]["tool_calls"][0]["function"]["name"] == "agents__spawn"  # history in model names
+    text = '<tool_call>{"name": "jobs__spawn", "arguments": {}}</tool_call><tool_call>{"name": "wait", "arguments": {}}</tool_call>'
+    whole = responses_response(req, result(text, rid="r1"), model="m", created=1)
+    calls = [(i["name"], i.get("namespace")) for i in whole["output"] if i["type"] == "function_call"]
+    assert calls == [("spawn", "jobs"), ("wait", "jobs")]
+    stream = ResponsesStream(req, model="m", created=1, request_id="r1")
+    events = stream.start() + feed_all(stream, deltas([text], rid="r1"))
+    done = [d["item"] for k, d in events if k == "response.output_item.done" and d["item"]["type"] == "function_call"]
+    assert [(i["name"], i["namespace"]) for i in done] == calls
+    assert [t["type"] for t in whole["tools"]] == ["function", "namespace", "namespace"]
+
+
+def test_a_namespace_holds_only_functions():
+    with pytest.raises(APIError) as info:
+        kwargs({"input": "hi", "tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]})
+    assert info.value.status == 400 and "only function tools" in info.value.message
