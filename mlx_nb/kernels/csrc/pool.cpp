@@ -67,7 +67,10 @@ void Pool::work(int) {
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
       for (int k = 0; (gen = generation_.load()) == seen; ++k) {
         MLXNB_PAUSE();
-        if ((k & 63) == 63 && std::chrono::steady_clock::now() > until) break;
+        if ((k & 63) == 63) {
+          if (std::chrono::steady_clock::now() > until) break;
+          sched_yield();  // a waiting Python thread (the next step's graph) may take the core meanwhile
+        }
       }
       if (gen == seen) {
         std::unique_lock<std::mutex> lock(sleep_mutex_);
