@@ -34,6 +34,8 @@ from mlx_nb.api import (
     sse_comment,
 )
 from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, Route, Serving
+from mlx_nb.api.tool_calls import DEFAULT_MARKERS
+from mlx_nb.engine.generic_tools import GENERIC
 from mlx_nb.engine.images import prefetch_remote_images
 
 SSE = "text/event-stream; charset=utf-8"
@@ -91,10 +93,13 @@ class GenerateHandler(ProxyMixin, MLXHandler):
         if self.ext.remote is not None:
             return await self.ext.remote.serving(self.ext.server_defaults())
         engine = self.ready_engine()
+        fmt = engine.tool_format()
+        if fmt == GENERIC:  # tools were inlined in the generic markup: calls come back in it
+            return Serving(engine.model_name, self.ext.server_defaults(engine), None, DEFAULT_MARKERS, fmt)
         tok = engine.loaded.tokenizer
         start, end = getattr(tok, "tool_call_start", None), getattr(tok, "tool_call_end", None)
         return Serving(engine.model_name, self.ext.server_defaults(engine), getattr(tok, "tool_parser", None),
-                       (start, end) if start and end else None)
+                       (start, end) if start and end else None, fmt)
 
     async def submit(self, requests: list[dict]) -> list:
         """Queue every choice back to back (off the event loop: submit templates and tokenizes)."""
@@ -133,6 +138,8 @@ class GenerateHandler(ProxyMixin, MLXHandler):
         if self.ext.remote is not None and self.route.passthrough:
             return await self.proxy_post(self.route.passthrough)
         serving = await self.serving()
+        if serving.tool_format:
+            self.set_header("X-MLX-Tool-Format", serving.tool_format)
         req = self.route.parse(self.request.body, serving)
         handles = await self.submit(self.route.engine_requests(req, serving))
         clamped = self.note_budget(self.route.requested_budget(req), handles[0])

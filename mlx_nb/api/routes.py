@@ -35,6 +35,7 @@ class Serving:
     defaults: ServerDefaults = ServerDefaults()
     tool_parser: Any = None
     tool_markers: Optional[tuple[str, str]] = None
+    tool_format: Optional[str] = None  # "template" or "generic" (mlx_nb.engine.generic_tools); None: not known
 
     @property
     def tools(self) -> dict:

@@ -19,9 +19,10 @@ import json
 from typing import Any, Callable, Optional
 
 from mlx_nb.api.ids import new_call_id
+from mlx_nb.engine.generic_tools import MARKERS
 
 ToolParser = Callable[[str, Any], Any]
-DEFAULT_MARKERS = ("<tool_call>", "</tool_call>")  # mlx_lm.tool_parsers.json_tools
+DEFAULT_MARKERS = MARKERS  # mlx_lm.tool_parsers.json_tools', and the generic format's
 
 
 def default_parser(text: str, tools: Any = None) -> Any:

@@ -24,7 +24,7 @@ from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.loop import EngineClosedError, EngineLoop
 from mlx_nb.engine.messages import normalize_messages
 from mlx_nb.engine.prefix import segment_boundaries
-from mlx_nb.engine.prompts import encode_prompt, render_chat
+from mlx_nb.engine.prompts import chat_tool_format, encode_prompt, render_chat
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
 from mlx_nb.engine.types import ContextOverflowError, Request, RequestError, SamplingParams
@@ -309,6 +309,18 @@ class Engine:
         loaded = self.loaded
         return dict(loaded.sampling) if loaded is not None else {"values": {}, "source": None}
 
+    def tool_format(self) -> Optional[str]:
+        """How request tools reach the model: "template" (its chat template renders them) or
+        "generic" (inlined in the system prompt, see `generic_tools`); None before the model loads."""
+        loaded = self.loaded
+        if loaded is None:
+            return None
+        if loaded.kind == "vision":
+            from mlx_nb.engine.vision import vision_tool_format
+
+            return vision_tool_format(loaded)
+        return chat_tool_format(loaded.tokenizer)
+
     def _status_on_thread(self) -> dict:
         runner, prefills = self._loop.runner, self._loop.prefills
         waiting = prefills.live() if prefills is not None else []
@@ -327,6 +339,7 @@ class Engine:
             # which layers run on the CPU kernels (mlx_nb.kernels.swap), None on MLX's own ops
             "kernels": self.loaded.kernels,
             "sampling_defaults": self.sampling_defaults(),
+            "tool_format": self.tool_format(),
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from mlx_nb.engine.generic_tools import tool_format, with_tools
 from mlx_nb.engine.messages import has_images
 from mlx_nb.engine.types import RequestError
 
@@ -25,12 +26,34 @@ def render_chat(
     template_kwargs: Optional[dict] = None,
     add_generation_prompt: bool = True,
 ) -> str:
-    """The prompt text for a normalized conversation; template errors become RequestErrors."""
+    """The prompt text for a normalized conversation; template errors become RequestErrors. Tools
+    reach the model whatever the template: natively, or inlined (`generic_tools`)."""
     if has_images(messages):
         raise RequestError("this model is text-only and cannot read images: send text, or load a vision model", "messages")
-    if not getattr(tokenizer, "has_chat_template", True) or tokenizer.chat_template is None:
-        return "".join(f"{m['role']}: {m['content']}\n" for m in flatten_text(messages)) + "assistant:"
     try:
+        return with_tools(_renderer(tokenizer, template_kwargs, add_generation_prompt), _template(tokenizer),
+                          messages, tools)
+    except RequestError:
+        raise
+    except Exception as exc:  # jinja TemplateError, or a template's raise_exception
+        raise RequestError(f"the chat template rejected the conversation: {exc}", "messages") from exc
+
+
+def chat_tool_format(tokenizer: Any) -> str:
+    """How tools reach this tokenizer's model: "template" (its chat template renders them) or "generic"."""
+    return tool_format(_renderer(tokenizer, None, True), _template(tokenizer))
+
+
+def _template(tokenizer: Any) -> Optional[str]:
+    if not getattr(tokenizer, "has_chat_template", True) or tokenizer.chat_template is None:
+        return None
+    return str(tokenizer.chat_template)
+
+
+def _renderer(tokenizer: Any, template_kwargs: Optional[dict], add_generation_prompt: bool):
+    def render(messages: list[dict], tools: Optional[list]) -> str:
+        if _template(tokenizer) is None:
+            return "".join(f"{m['role']}: {m['content']}\n" for m in flatten_text(messages)) + "assistant:"
         return tokenizer.apply_chat_template(
             flatten_text(messages),
             tools=tools or None,
@@ -38,8 +61,8 @@ def render_chat(
             tokenize=False,
             **(template_kwargs or {}),
         )
-    except Exception as exc:  # jinja TemplateError, or a template's raise_exception
-        raise RequestError(f"the chat template rejected the conversation: {exc}", "messages") from exc
+
+    return render
 
 
 def encode_prompt(tokenizer: Any, text: str, *, chat: bool) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from mlx_nb.engine.generic_tools import tool_format, with_tools
 from mlx_nb.engine.images import IMAGE_PART_TYPES
 from mlx_nb.engine.types import RequestError
 
@@ -42,6 +43,21 @@ def render_vision_prompt(
     if template is None:
         raise RequestError(f"{loaded.name} has no chat template: send a completion prompt instead", "messages")
     try:
+        return with_tools(_renderer(loaded, template, template_kwargs), str(template), messages, tools)
+    except RequestError:
+        raise
+    except Exception as exc:  # jinja TemplateError, or a template's raise_exception
+        raise RequestError(f"the chat template rejected the conversation: {exc}", "messages") from exc
+
+
+def vision_tool_format(loaded: Any) -> str:
+    """How tools reach a vision model: "template" or "generic" (see `generic_tools`)."""
+    template = getattr(loaded.processor, "chat_template", None) or loaded.tokenizer.chat_template
+    return tool_format(_renderer(loaded, template, None), None if template is None else str(template))
+
+
+def _renderer(loaded: Any, template: Any, template_kwargs: Optional[dict]):
+    def render(messages: list[dict], tools: Optional[list]) -> str:
         return loaded.tokenizer.apply_chat_template(
             template_messages(messages),
             chat_template=template,
@@ -50,8 +66,8 @@ def render_vision_prompt(
             tokenize=False,
             **(template_kwargs or {}),
         )
-    except Exception as exc:  # jinja TemplateError, or a template's raise_exception
-        raise RequestError(f"the chat template rejected the conversation: {exc}", "messages") from exc
+
+    return render
 
 
 def prepare_vision_request(loaded: Any, request: Any, image_options: Any) -> tuple[list[int], list, str]:

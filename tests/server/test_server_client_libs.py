@@ -188,3 +188,56 @@ async def test_context_overflow_is_recognised_by_each_sdk(server):
     body = info.value.body
     assert body["error"]["type"] == "invalid_request_error"
     assert body["error"]["message"].startswith("prompt is too long: ") and "> 4095 maximum" in body["error"]["message"]
+
+
+async def test_a_tool_round_trip_on_every_route_of_a_model_without_template_tools(server, say, mlx_ready):
+    """tiny-llama's template renders no tools: each route inlines them in the generic format (the
+    prompt grows by the definitions, a header says so), the model's call comes back as each API's
+    tool call, whole and streamed, and the next turn carrying the result is read."""
+    import anthropic
+    import openai
+
+    url, base, key = server
+    assert mlx_ready.engine.tool_format() == "generic"
+    oa = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+    an = anthropic.AsyncAnthropic(base_url=base, api_key=key, max_retries=0)
+    chat_tools = [{"type": "function", "function": WEATHER}]
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    say(CALL)
+
+    raw = await oa.chat.completions.with_raw_response.create(model=MODEL, messages=ask, tools=chat_tools)
+    assert raw.headers["x-mlx-tool-format"] == "generic"
+    called = raw.parse()
+    (made,) = called.choices[0].message.tool_calls
+    assert made.function.name == "get_weather" and json.loads(made.function.arguments) == {"city": "Paris"}
+    plain = await oa.chat.completions.create(model=MODEL, messages=ask)
+    grown = called.usage.prompt_tokens - plain.usage.prompt_tokens
+    assert grown > len(json.dumps(WEATHER))  # byte tokens: the whole definition was read
+
+    tools = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
+    counted = await an.messages.count_tokens(model=MODEL, messages=ask, tools=tools)
+    assert counted.input_tokens - (await an.messages.count_tokens(model=MODEL, messages=ask)).input_tokens > 100
+    raw = await an.messages.with_raw_response.create(model=MODEL, max_tokens=200, messages=ask, tools=tools)
+    assert raw.headers["x-mlx-tool-format"] == "generic"
+    message = await raw.parse()
+    (use,) = [b for b in message.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.input == {"city": "Paris"} and message.stop_reason == "tool_use"
+    async with an.messages.stream(model=MODEL, max_tokens=200, messages=ask, tools=tools) as stream:
+        final = await stream.get_final_message()
+    assert [b.input for b in final.content if b.type == "tool_use"] == [{"city": "Paris"}]
+    say("It is sunny in Paris.")
+    answered = await an.messages.create(model=MODEL, max_tokens=200, tools=tools, messages=[
+        *ask, {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}])
+    assert answered.content[0].text == "It is sunny in Paris."
+    assert answered.usage.input_tokens > message.usage.input_tokens  # the call and its result were read
+
+    say(CALL)
+    tool = {"type": "function", **WEATHER}
+    events = []
+    async with oa.responses.stream(model=MODEL, input="Weather in Paris?", tools=[tool]) as stream:
+        async for event in stream:
+            events.append(event.type)
+        final = await stream.get_final_response()
+    (call,) = [item for item in final.output if item.type == "function_call"]
+    assert json.loads(call.arguments) == {"city": "Paris"} and "response.function_call_arguments.done" in events
