@@ -93,8 +93,12 @@ def test_attention(isa, native, b, h, hk, l, s, d):
     keep[..., 0] = True
     _close(native.attention(mx.array(q), k, v, scale=0.2, mask=mx.array(keep)),
            ref.attention(q, kn, vn, 0.2, mask=keep), 2e-5)
+    strided = mx.array(np.ascontiguousarray(keep.transpose(0, 1, 3, 2))).transpose(0, 1, 3, 2)  # a view
+    _close(native.attention(mx.array(q), k, v, scale=0.2, mask=strided), ref.attention(q, kn, vn, 0.2, mask=keep), 2e-5)
     add = rng.standard_normal((l, s)).astype(np.float32)
     _close(native.attention(mx.array(q), k, v, scale=0.2, mask=mx.array(add)), ref.attention(q, kn, vn, 0.2, mask=add), 2e-5)
+    with pytest.raises(ValueError, match="the mask must broadcast"):
+        native.attention(mx.array(q), k, v, scale=0.2, mask=mx.ones((l + 1, s), dtype=mx.bool_))
 
 
 def test_attention_row_ignores_left_padding_exactly(isa, native):

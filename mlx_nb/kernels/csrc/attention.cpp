@@ -38,7 +38,9 @@ class Attention : public CpuOnly {
         st = {Hk * S * D, S * D, D, 1};
         return row_major(a, buf);
       };
-      mx::Strides ks, vs;
+      mx::Strides ks, vs, ms(4, 0);  // ms: the mask's strides over [B, H, L, S], 0 where it broadcasts
+      if (mask)
+        for (int i = 0, nd = mask->ndim(); i < nd; ++i) ms[4 - nd + i] = mask->shape(i) == 1 ? 0 : mask->strides(i);
       const float* k = view(ka, kbuf, ks);
       const float* v = view(va, vbuf, vs);
       const Isa& isa_ = isa();
@@ -57,7 +59,6 @@ class Attention : public CpuOnly {
           a.D = D;
           a.scale = scale;
           if (kind == MaskKind::kBool || kind == MaskKind::kAdditive) {
-            const auto& ms = mask->strides();
             const int64_t at = b * ms[0] + h * ms[1] + l * ms[2];
             if (kind == MaskKind::kBool) {
               a.keep = mask->data<uint8_t>() + at;
@@ -106,7 +107,14 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
       kind = MaskKind::kAdditive;
       m = as_f32(m, s);
     }
-    inputs.push_back(mx::broadcast_to(m, {B, H, L, S}, s));
+    bool fits = true;
+    try {
+      fits = mx::broadcast_shapes(m.shape(), {B, H, L, S}) == mx::Shape{B, H, L, S};
+    } catch (const std::exception&) {
+      fits = false;
+    }
+    if (!fits) fail(op, "the mask must broadcast to [B, heads, L, S]");
+    inputs.push_back(m);  // read through broadcast strides: no broadcast op a layer
   }
   auto out = mx::array({B, L, H * D}, mx::float32, std::make_shared<Attention>(mx::to_stream(s), scale, kind),
                        std::move(inputs));
