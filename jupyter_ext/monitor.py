@@ -170,6 +170,21 @@ class HealthHandler(MLXHandler):
         self.write_json({"status": status})
 
 
+class BaseURLHandler(MLXHandler):
+    """`mlx` itself, the base URL Claude Code is given: it sends `HEAD <base>` to see the server is
+    up. A one-word 200 without auth, like health (else Jupyter redirects it to a login page, and a
+    HEAD to the login page redirects again, without end)."""
+
+    @allow_unauthenticated
+    async def get(self):
+        self.write_json({"status": "ok"})
+
+    @allow_unauthenticated
+    async def head(self):
+        self.set_header("Content-Type", "application/json")
+        self.finish()
+
+
 class NotFoundHandler(MLXHandler):
     """Any other path under `mlx/v1`: a JSON 404 (after auth, so it reveals nothing), in the shape of
     the API the path belongs to, with the base URL its clients need when they doubled a `/v1`

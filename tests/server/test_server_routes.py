@@ -289,6 +289,9 @@ async def test_auth(jp_fetch, jp_serverapp, mlx_ready):
         assert r.code == 200
     r = await jp_fetch("mlx", "v1", "health", headers=dict(no_token))  # readiness needs no token
     assert json.loads(r.body) == {"status": "ok"}
+    for method in ("HEAD", "GET"):  # Claude Code's look at its base URL: no login redirect (it looped)
+        r = await jp_fetch("mlx", method=method, headers=dict(no_token), follow_redirects=False)
+        assert r.code == 200 and "Location" not in r.headers
 
 
 def no_auth_config(**server):

@@ -1,0 +1,92 @@
+"""The coding agents this project was started for, unmodified (installed from npm into a cache, see
+tests/agents/clis.py), each set up as the README says, against a live `jupyter mlx`: each completes
+a turn with no workaround flag.
+
+Their prompts are long (Claude Code's is ~77k bytes: system prompt and two dozen tools), so the
+model is a tiny random mamba2 with a long context: it reads a whole agent prompt in seconds (no
+attention), its template renders no tools (they go in the generic format), and sampled at
+temperature 1 (its generation_config) it ends its reply by itself within a few hundred tokens.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from live_server import serving
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "agents"))
+from clis import binary  # noqa: E402
+
+MODEL = "agent-model"
+
+
+@pytest.fixture(autouse=True)
+def jp_server_cleanup():
+    """pytest-jupyter's cleanup is for in-process servers; this module runs its own process."""
+    yield
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from mlx_nb.compat.configs import tiny_config
+    from mlx_nb.models.fixtures import write_random_model
+    from mlx_nb.models.templates import LENIENT_CHATML
+
+    model = tmp_path_factory.mktemp("models") / MODEL
+    model.mkdir()
+    config = {**tiny_config("mamba2"), "max_position_embeddings": 262144}
+    write_random_model(model, config, LENIENT_CHATML, seed=11)
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 1.0}))
+    with serving(tmp_path_factory.mktemp("live"), str(model)) as server:
+        yield server
+
+
+def run_agent(live, tmp_path, agent: str, env: dict, args: list) -> subprocess.CompletedProcess:
+    exe, why = binary(agent)
+    if exe is None:
+        pytest.skip(f"NOT RUN: {why}")
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    work.mkdir()
+    since = live.last_seq()
+    done = subprocess.run([str(exe), *args], cwd=work, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "HOME": str(home), "NO_COLOR": "1", **env})
+    assert done.returncode == 0, f"{agent} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    events = live.events(since)
+    inserts = [e for e in events if e["kind"] == "insert"]
+    finished = [e for e in events if e["kind"] == "filter"]
+    assert inserts and finished, f"{agent} never reached the model"
+    assert max(e["detail"]["prompt_tokens"] for e in inserts) > 10_000  # the agent's whole prompt and tools were read
+    assert {e["detail"]["reason"] for e in finished} <= {"stop", "length"}
+    assert done.stdout.strip(), f"{agent} printed no answer"
+    return done
+
+
+def home_config(tmp_path, relative: str, text: str) -> None:
+    path = tmp_path / "home" / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_claude_code(live, tmp_path):
+    run_agent(live, tmp_path, "claude", {
+        "ANTHROPIC_BASE_URL": live.url.removesuffix("/v1"), "ANTHROPIC_AUTH_TOKEN": live.key,
+        "ANTHROPIC_MODEL": MODEL, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}, ["-p", "Say hi."])
+
+
+def test_codex(live, tmp_path):
+    home_config(tmp_path, ".codex/config.toml", (
+        f'model = "{MODEL}"\nmodel_provider = "mlx"\n\n[model_providers.mlx]\nname = "mlx-nb"\n'
+        f'base_url = "{live.url}"\nenv_key = "MLX_NB_API_KEY"\nwire_api = "responses"\n'))
+    run_agent(live, tmp_path, "codex", {"MLX_NB_API_KEY": live.key}, ["exec", "--skip-git-repo-check", "Say hi."])
+
+
+def test_opencode(live, tmp_path):
+    config = {"$schema": "https://opencode.ai/config.json", "model": f"mlx/{MODEL}", "provider": {"mlx": {
+        "npm": "@ai-sdk/openai-compatible", "name": "mlx-nb",
+        "options": {"baseURL": live.url, "apiKey": "{env:MLX_NB_API_KEY}"}, "models": {MODEL: {}}}}}
+    home_config(tmp_path, ".config/opencode/opencode.json", json.dumps(config))
+    run_agent(live, tmp_path, "opencode", {"MLX_NB_API_KEY": live.key}, ["run", "Say hi."])
