@@ -26,8 +26,8 @@ from mlx_nb.engine.types import first_line
 log = logging.getLogger("mlx_nb.engine")
 
 
-BURST_GAP_S = 0.02  # submits this close together, to an idle engine, start as one prompt batch
-BURST_MAX_S = 0.1  # ... waiting at most this long for the rest of the burst (see Bursts)
+BURST_GAP_S = 0.05  # submits this close together, to an idle engine, start as one prompt batch
+BURST_MAX_S = 0.25  # ... waiting at most this long for the rest of the burst (see Bursts)
 
 
 class Bursts:
