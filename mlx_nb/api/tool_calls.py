@@ -22,7 +22,7 @@ from mlx_nb.api.ids import new_call_id
 from mlx_nb.engine.generic_tools import MARKERS
 
 ToolParser = Callable[[str, Any], Any]
-DEFAULT_MARKERS = MARKERS  # mlx_lm.tool_parsers.json_tools', and the generic format's
+DEFAULT_MARKERS = MARKERS  # mlx_lm.tool_parsers.json_tools' markers, which the generic format uses too
 
 
 def default_parser(text: str, tools: Any = None) -> Any:
