@@ -59,7 +59,8 @@ def run_agent(live, tmp_path, agent: str, env: dict, args: list) -> subprocess.C
     finished = [e for e in live.events(since) if e["kind"] == "filter"]
     assert finished and after["generated_tokens"] > before["generated_tokens"], f"{agent} never reached the model"
     assert after["prompt_tokens"] - before["prompt_tokens"] > 10_000  # the agent's whole prompt and tools were read
-    assert {e["detail"]["reason"] for e in finished} <= {"stop", "length"}
+    reasons = {e["detail"]["reason"] for e in finished}  # "abort": OpenCode cancels its side requests at exit
+    assert reasons & {"stop", "length"} and "error" not in reasons, reasons
     assert done.stdout.strip(), f"{agent} printed no answer"
     return done
 
