@@ -88,15 +88,11 @@ def concurrent(server, n: int, max_tokens: int, salt: str) -> dict:
     }
 
 
-def level(server, n: int, max_tokens: int, reps: int) -> dict:
-    """A warm-up at this concurrency (its one-time costs land on nobody), then `reps` cold runs;
-    the median run by aggregate tokens/s stands for the level, and the spread is kept."""
-    return paired_level([server], n, max_tokens, reps)[0]
-
-
 def paired_level(servers: list, n: int, max_tokens: int, reps: int) -> list[dict]:
-    """`level` for several servers at once, their runs taking turns (a, b, a, b, ...): on a shared
-    machine whose speed drifts over minutes, each ratio then compares runs made side by side."""
+    """Per server, a warm-up at this concurrency (its one-time costs land on nobody), then `reps`
+    cold runs, the median run by aggregate tokens/s standing for the level and the spread kept. The
+    servers' runs take turns (a, b, a, b, ...): on a shared machine whose speed drifts over minutes,
+    each ratio then compares runs made side by side."""
     for server in servers:
         concurrent(server, n, 8, salt=f"warm-{n}")
     runs = [[] for _ in servers]

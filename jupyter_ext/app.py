@@ -35,8 +35,8 @@ ROUTES = [
     (r"mlx/v1/cache", monitor.CacheHandler),
     (r"mlx/v1/events", monitor.EventsHandler),
     (r"mlx/v1/health", monitor.HealthHandler),
-    (r"mlx/v1(/.*)?", monitor.NotFoundHandler),
-    (r"mlx/?", monitor.BaseURLHandler),  # JSON 404s instead of Jupyter's HTML page
+    (r"mlx/v1(/.*)?", monitor.NotFoundHandler),  # JSON 404s instead of Jupyter's HTML page
+    (r"mlx/?", monitor.BaseURLHandler),  # the base URL Claude Code probes
 ]
 
 

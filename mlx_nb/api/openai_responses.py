@@ -22,8 +22,8 @@ stream translator is `openai_responses_stream.py`.
 from __future__ import annotations
 
 import json
-from collections import Counter
 import logging
+from collections import Counter
 from typing import Any, Iterable, Literal, NamedTuple, Optional, Union
 
 from pydantic import Field, field_validator, model_validator

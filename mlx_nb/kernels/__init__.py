@@ -59,7 +59,10 @@ def available() -> bool:
 
 
 def native() -> Any:
-    """The extension module (raises with the reason when it is not available)."""
+    """The extension module (raises with the reason when it is not available). On every
+    projection's path: once loaded, it is returned before anything else."""
+    if _module is not None:
+        return _module
     _load()
     if _module is None:
         raise RuntimeError(f"mlx-nb's CPU kernels are not available: {_reason}")

@@ -15,17 +15,6 @@ from mlx_nb.kernels import native
 from mlx_nb.kernels.packing import pack
 
 
-def _native():
-    """The extension module, looked up once (the per-call path of every projection)."""
-    global _NATIVE
-    if _NATIVE is None:
-        _NATIVE = native()
-    return _NATIVE
-
-
-_NATIVE = None
-
-
 class QLinear(nn.Module):
     """y = x W^T (+ bias) for a 4/8-bit affine W in the kernels' packed layout."""
 
@@ -61,10 +50,10 @@ class QLinear(nn.Module):
         if bias is not None and residual is not None:  # keep the order bias, then residual
             return self(x, norm, gate=gate) + residual
         # self[...] reads the parameter dict directly: this runs ~120 times a decode step
-        y = _native().qmatmul(x, self["packed"], self["scales"], self["biases"], n=self.output_dims,
-                              group_size=self.group_size, bits=self.bits,
-                              norm_weight=None if norm is None else norm["weight"], eps=0.0 if norm is None else norm.eps,
-                              residual=residual, gate=gate)
+        y = native().qmatmul(x, self["packed"], self["scales"], self["biases"], n=self.output_dims,
+                             group_size=self.group_size, bits=self.bits,
+                             norm_weight=None if norm is None else norm["weight"], eps=0.0 if norm is None else norm.eps,
+                             residual=residual, gate=gate)
         return y if bias is None else y + bias
 
     def _extra_repr(self) -> str:
@@ -98,11 +87,11 @@ class QEmbedding(nn.Module):
                    group_size=group_size, bits=bits)
 
     def __call__(self, ids: mx.array) -> mx.array:
-        return _native().qgather(ids, self.packed, self.scales, self.biases, n=self.num_embeddings, k=self.dims,
+        return native().qgather(ids, self.packed, self.scales, self.biases, n=self.num_embeddings, k=self.dims,
                                 group_size=self.group_size, bits=self.bits)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return _native().qmatmul(x, self.packed, self.scales, self.biases, n=self.num_embeddings,
+        return native().qmatmul(x, self.packed, self.scales, self.biases, n=self.num_embeddings,
                                 group_size=self.group_size, bits=self.bits)
 
     def _extra_repr(self) -> str:
@@ -118,7 +107,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        return _native().rms_norm(x, self.weight, self.eps)
+        return native().rms_norm(x, self.weight, self.eps)
 
 
 class RoPE(nn.Module):
@@ -135,7 +124,7 @@ class RoPE(nn.Module):
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         if not isinstance(offset, mx.array):
             offset = mx.array(offset, dtype=mx.int32)
-        return _native().rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
+        return native().rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
                              offset=offset, freqs=self.get("_freqs"))
 
     def _extra_repr(self) -> str:
@@ -152,7 +141,7 @@ class SwiGLU(nn.Module):
         self.hidden = hidden
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(_native().silu_gate(self.gate_up(x)))
+        return self.down_proj(native().silu_gate(self.gate_up(x)))
 
     def residual_block(self, h: mx.array, norm: "RMSNorm") -> mx.array:
         """h + self(norm(h)), with the norm and the addition fused into the packed projections."""
@@ -184,13 +173,13 @@ class Attention(nn.Module):
         if not isinstance(offset, mx.array):
             offset = mx.array(offset, dtype=mx.int32)
         r = self.rope
-        q, k, v = _native().qkv_rope(qkv, heads=self.n_heads, kv_heads=self.n_kv_heads,
-                                     head_dim=self.head_dim, dims=r.dims, traditional=r.traditional, base=r.base,
-                                     scale=r.scale, offset=offset, freqs=r.get("_freqs"))
+        q, k, v = native().qkv_rope(qkv, heads=self.n_heads, kv_heads=self.n_kv_heads,
+                                    head_dim=self.head_dim, dims=r.dims, traditional=r.traditional, base=r.base,
+                                    scale=r.scale, offset=offset, freqs=r.get("_freqs"))
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
         causal = isinstance(mask, str) and mask == "causal"
-        return _native().attention(q, k, v, scale=self.scale, causal=causal, mask=None if isinstance(mask, str) else mask)
+        return native().attention(q, k, v, scale=self.scale, causal=causal, mask=None if isinstance(mask, str) else mask)
 
 
 class Block(nn.Module):

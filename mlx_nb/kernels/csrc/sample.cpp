@@ -44,9 +44,9 @@ void keep_top_p(Row& r, float top_p) {
     const float pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));  // median of three
     auto mid_it = std::partition(r.order.begin() + lo, r.order.begin() + hi, [&](int32_t i) { return p[i] > pivot; });
     const int64_t mid = mid_it - r.order.begin();
+    if (mid == lo) break;  // the rest are all equal to the pivot: sort them below
     double heavier = 0.0;
     for (int64_t i = lo; i < mid; ++i) heavier += p[r.order[i]];
-    if (mid == lo) break;  // the rest are all equal to the pivot: sort them below
     if (heavier >= need) {
       hi = mid;
     } else {
