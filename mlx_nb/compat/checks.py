@@ -1,8 +1,9 @@
 """The checks behind one architecture's verdict, on a tiny model directory.
 
-Six prompts of different lengths (most longer than the tiny sliding windows) run ALONE through the
+Eight prompts (most longer than the tiny sliding windows and conv kernels, one a single token, two of
+equal length) run ALONE through the
 independent reference (mlx_lm's `generate_step`, greedy), then TOGETHER through mlx_nb's Engine:
-three at once, three more once those decode (late joiners), plus one request aborted mid-decode
+five at once, three more once those decode (late joiners), plus one request aborted mid-decode
 that must leave the others unchanged. Then a second chat turn that reuses the first turn's cache
 (warm) must equal the reference for the same tokens (cold). Each engine run forces a batch policy
 (`Engine(batch_policy=...)`): prompts prefilled together, or one at a time.
@@ -19,15 +20,17 @@ from mlx_nb.engine.batchability import unmergeable as cannot_merge
 from mlx_nb.engine.types import first_line
 
 MAX_TOKENS = 8
-PROMPTS = [  # lengths 34, 3, 61 (submitted together), then 12, 45, 20 (late): byte tokens
+PROMPTS = [  # lengths 34, 3, 61, 1, 34 (submitted together), then 12, 45, 20 (late): byte tokens
     "The quick brown fox jumps over it.",
     "Hi!",
     "Once upon a time, in a land of rivers and hills, a clock said.",
+    "A",  # one token: nothing to prefill before the first step
+    "The slow green cat naps under me.",  # as long as the first: rows with no padding at all
     "Count: 1 2 3",
     "Describe the colour of the sea at dawn, please",
     "Why is the sky blue?",
 ]
-FIRST = 3
+FIRST = 5
 VICTIM = "A request that is aborted while it decodes."
 SYSTEM = "You answer in one short line."
 TURN1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour of the sky."}]
@@ -66,6 +69,10 @@ class Run:
     def ok(self) -> bool:
         return all(self.checks.get(c) for c in ("batched", "late_join", "abort")) and self.checks.get("prefix") is not False
 
+    @property
+    def sequential_ok(self) -> bool:
+        return bool(self.checks.get("batched") and self.checks.get("abort"))
+
 
 def chat_tokens(loaded, messages: list[dict]) -> list[int]:
     from mlx_nb.engine.messages import normalize_messages
@@ -95,7 +102,7 @@ def run_engine(path: str, mode: Optional[str], want: Expected, timeout: float = 
     try:
         with Engine(path, batch_policy=mode, prefix_cache=False, wait=True, **ENGINE_OPTIONS) as engine:
             run.policy = engine.status()["policy"]
-            _together(engine, want, run, timeout)
+            (_queued if run.policy["mode"] == "sequential" else _together)(engine, want, run, timeout)
         with Engine(path, batch_policy=mode, prefix_cache=True, wait=True, **ENGINE_OPTIONS) as engine:
             _prefix(engine, want, run, timeout)
     except Exception as exc:  # a load or step failure: the run fails with its one-line reason
@@ -115,18 +122,39 @@ def _together(engine, want: Expected, run: Run, timeout: float) -> None:
     late = [engine.submit(prompt=p, max_tokens=MAX_TOKENS) for p in PROMPTS[FIRST:]]
     _wait_decoding(late[0], timeout)
     victim.abort()
-    results = [h.result(timeout=timeout) for h in first + late]
-    gone = victim.result(timeout=timeout)
-    errors = [r.error for r in results + [gone] if r.error]
-    if errors:
-        run.error = errors[0]
-    run.differs = [i for i, (r, ref) in enumerate(zip(results, want.rows)) if r.token_ids != ref]
+    errors = _collect(first + late, victim, want, run, timeout)
     run.checks["batched"] = not errors and not run.differs
     late_ids = {h.id for h in late}
     joined = [e for e in engine.events() if e["kind"] == "extend" and set(e["requests"]) & late_ids]
     run.checks["late_join"] = (not errors and bool(joined) and all(e["detail"]["batch_size"] >= 2 for e in joined)
                                and not [i for i in run.differs if i >= FIRST])
+
+
+def _queued(engine, want: Expected, run: Run, timeout: float) -> None:
+    """The sequential lane's scenario: every prompt submitted at once waits its turn and equals the
+    reference; the victim, aborted while it decodes, ends so and the queue goes on."""
+    eos = engine.loaded.tokenizer.eos_token_ids
+    first = [engine.submit(prompt=p, max_tokens=MAX_TOKENS) for p in PROMPTS[:FIRST]]
+    victim = engine.submit(prompt=VICTIM, max_tokens=64, logit_bias={t: -100 for t in eos})
+    late = [engine.submit(prompt=p, max_tokens=MAX_TOKENS) for p in PROMPTS[FIRST:]]
+    _wait_decoding(victim, timeout)
+    victim.abort()
+    errors = _collect(first + late, victim, want, run, timeout)
+    one_at_a_time = all(e["detail"].get("batch_size", 1) <= 1 for e in engine.events() if e["kind"] == "step")
+    run.checks["batched"] = not errors and not run.differs and one_at_a_time
+    run.checks["late_join"] = None  # nothing joins: requests wait their turn
+
+
+def _collect(handles: list, victim, want: Expected, run: Run, timeout: float) -> list[str]:
+    """Every result: the rows that differ from the reference, the abort check, the errors."""
+    results = [h.result(timeout=timeout) for h in handles]
+    gone = victim.result(timeout=timeout)
+    errors = [r.error for r in results + [gone] if r.error]
+    if errors:
+        run.error = errors[0]
+    run.differs = [i for i, (r, ref) in enumerate(zip(results, want.rows)) if r.token_ids != ref]
     run.checks["abort"] = gone.finish_reason == "abort" and not errors
+    return errors
 
 
 def _wait_decoding(handle, timeout: float) -> None:
@@ -163,12 +191,13 @@ def _prefix(engine, want: Expected, run: Run, timeout: float) -> None:
 
 
 def measure(path: str, note: Callable[[str, dict], None] = lambda stage, entry: None,
-            batched_failed: Optional[str] = None) -> dict:
+            batched_failed: Optional[str] = None, alone_failed: Optional[str] = None) -> dict:
     """The matrix entry (without its name) for the model at `path`: cache types, checks, verdict.
 
     `note(stage, entry)` is called before each stage with the entry so far, so a caller running
     this in a subprocess knows where a crash or a hang happened. `batched_failed` (why) skips the
-    batched run, known to crash or hang, and goes straight to prompts prefilled one at a time.
+    batched run, known to crash or hang, and goes straight to prompts prefilled one at a time;
+    `alone_failed` (why) skips that run too, straight to the sequential lane.
     """
     from mlx_nb.models import load_model
 
@@ -204,9 +233,18 @@ def measure(path: str, note: Callable[[str, dict], None] = lambda stage, entry: 
     _describe(entry["details"], "batched", batched)
     if not batched.ok:
         note("prefill_alone", entry)
-        alone = batched if unmergeable else run_engine(path, "prefill_alone", want)
+        if alone_failed:
+            alone = Run(error=alone_failed)
+            alone.checks = dict.fromkeys(("batched", "late_join", "abort", "prefix"), False)
+        else:
+            alone = batched if unmergeable else run_engine(path, "prefill_alone", want)
         entry["checks"]["prefill_alone"] = alone.ok
         _describe(entry["details"], "prefill_alone", alone)
+        if not alone.ok:  # one request at a time, through generate_step (engine/sequential.py)
+            note("sequential", entry)
+            lane = run_engine(path, "sequential", want)
+            entry["checks"]["sequential"] = lane.sequential_ok
+            _describe(entry["details"], "sequential", lane)
         note("upstream", entry)
         runs = ("together",) if alone.ok or unmergeable else ("together", "alone", "alone_whole")
         entry["details"]["upstream"] = attribute(load_model(path), want.prompts, want.rows, MAX_TOKENS,
@@ -242,19 +280,52 @@ def reason(entry: dict) -> str:
         reuse = "" if entry["checks"].get("prefix") else "; no prefix reuse to check"
         return f"batched output equals generate_step alone for every row{reuse}"
     up = d.get("upstream", {})
-    if d.get("unmergeable"):
-        refuses = " (mlx_lm's own BatchGenerator refuses them too)" if isinstance(up.get("together"), str) else ""
-        return f"its {d['unmergeable']} caches cannot be merged into a batch{refuses}"
     together, alone = d.get("batched", {}), d.get("prefill_alone", {})
     if verdict == "prefill_alone":
         return f"{_what_failed(together)} when prompts are prefilled together{_same(up.get('together'))}; " \
                "correct when each is prefilled alone"
-    if alone.get("error") or alone.get("rows_differ"):  # wrong even with prompts prefilled alone
+    if d.get("unmergeable"):
+        refuses = " (mlx_lm's own BatchGenerator refuses them too)" if isinstance(up.get("together"), str) else ""
+        why = f"its {d['unmergeable']} caches cannot be merged into a batch{refuses}"
+    elif alone.get("error") or alone.get("rows_differ"):  # wrong even with prompts prefilled alone
         whole = up.get("alone_whole")
         where = (", in batched decoding" if whole else ", only when read in chunks") \
             if isinstance(whole, list) else ""
-        return f"{_what_failed(alone)} even with prompts prefilled one at a time{where}{_same(up.get('alone'))}"
-    return f"{_what_failed(together)} when batched, and {_what_failed(alone)} when prefilled alone"
+        why = f"{_what_failed(alone)} even with prompts prefilled one at a time{where}{_same(up.get('alone'))}"
+    else:
+        why = f"{_what_failed(together)} when batched, and {_what_failed(alone)} when prefilled alone"
+    if verdict == "sequential":
+        return f"{why}; one request at a time it equals generate_step for every row"
+    return f"{why}; one request at a time too: {_what_failed(d.get('sequential', {}))}"
+
+
+SEVERITY = ("batched", "prefill_alone", "sequential", "refused")  # combined: the most careful one
+
+
+def combine(instances: dict[str, dict]) -> dict:
+    """One architecture's entry from its instances' entries (name -> entry): the verdict every
+    instance allows (batched only if all are), with that instance's checks and details, and every
+    instance's verdict listed. Instances that could not run count only when none could."""
+    ran = {n: e for n, e in instances.items() if e["verdict"] not in ("untested", "untestable")}
+    if not ran:
+        first = next(iter(instances.values()))
+        return {**first, "instances": _listed(instances)}
+    worst_name = max(ran, key=lambda n: SEVERITY.index(ran[n]["verdict"]))
+    worst = ran[worst_name]
+    disagree = any(e["verdict"] != worst["verdict"] for e in ran.values())
+    reason = f"{worst['reason']} (on {worst_name}; {instance_counts(instances)})" if disagree else worst["reason"]
+    return {**worst, "reason": reason, "instances": _listed(instances)}
+
+
+def instance_counts(instances) -> str:
+    """'3 batched, 1 prefill_alone of 4 instances' from a name -> entry dict or an entry's list."""
+    verdicts = [e["verdict"] for e in (instances.values() if isinstance(instances, dict) else instances)]
+    seen = [v for v in (*SEVERITY, "untested", "untestable") if v in verdicts]
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in seen) + f" of {len(verdicts)} instances"
+
+
+def _listed(instances: dict[str, dict]) -> list[dict]:
+    return [{"instance": n, "verdict": e["verdict"], "reason": e["reason"]} for n, e in instances.items()]
 
 
 def _same(upstream) -> str:

@@ -81,6 +81,26 @@ REQUIRED: dict[str, Any] = {
 }
 
 
+# The instances each architecture is measured on: a verdict is one that every instance agrees on
+# (a state that reads the padding can still give the same greedy tokens on one weight draw).
+# name -> (seed, variant); a variant names SIZES fields to change where the config has them, and
+# "flip_tie" flips the module's default for tied input/output embeddings.
+INSTANCES: dict[str, tuple[int, dict]] = {
+    "seed 7": (7, {}),
+    "seed 11": (11, {}),
+    "seed 23, ties flipped, wider low-rank": (23, {
+        "flip_tie": True, "kv_lora_rank": 32, "q_lora_rank": 32, "a_low_rank_dim": 16, "v_low_rank_dim": 16,
+        "gate_low_rank_dim": 16, "decay_low_rank_dim": 16, "time_step_rank": 16, "sliding_window": 5,
+        "sliding_window_size": 5, "attention_window_size": 5, "window_size": 5, "attention_chunk_size": 5}),
+    "seed 31, wide heads, other layer order": (31, {
+        "head_dim": 32, "swa_head_dim": 32, "kv_channels": 32, "hidden_size_per_head": 32, "qk_head_dim": 32,
+        "num_key_value_heads": 1, "num_kv_heads": 1, "n_kv_heads": 1, "conv_kernel": 3, "mamba_d_conv": 3,
+        "linear_conv_kernel_dim": 3, "short_conv_kernel_size": 3, "conv1d_width": 3, "mamba_d_state": 8,
+        "ssm_state_size": 8, "state_size": 8,
+        "layer_types": ["full_attention", "sliding_attention"] * (LAYERS // 2)}),
+}
+
+
 class NotTinyError(ValueError):
     """A module no random tiny instance can stand for (the message says why)."""
 
@@ -113,32 +133,35 @@ def _top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def write_tiny(arch: str, out: Path, seed: int = 7) -> Path:
+def write_tiny(arch: str, out: Path, seed: int = 7, variant: Optional[dict] = None) -> Path:
     """A tiny random `arch` model directory at `out` (seeded weights, the tiny tokenizer)."""
     from mlx_nb.models.fixtures import write_random_model
     from mlx_nb.models.templates import LENIENT_CHATML
 
     out.mkdir(parents=True, exist_ok=True)
-    write_random_model(out, tiny_config(arch), LENIENT_CHATML, seed)
+    write_random_model(out, tiny_config(arch, variant), LENIENT_CHATML, seed)
     return out
 
 
-def tiny_config(arch: str) -> dict:
-    """A config.json dict for a tiny instance of `mlx_lm.models.<arch>`."""
+def tiny_config(arch: str, variant: Optional[dict] = None) -> dict:
+    """A config.json dict for a tiny instance of `mlx_lm.models.<arch>`, changed by `variant` (see
+    INSTANCES) where it has the fields; the per-architecture overrides still win."""
     if arch in NOT_TINY:
         raise NotTinyError(NOT_TINY[arch])
     module = importlib.import_module(f"mlx_lm.models.{arch}")
-    config = {"model_type": arch, **_fill(module.ModelArgs, arch)}
+    sizes = {**SIZES, **{k: v for k, v in (variant or {}).items() if k != "flip_tie"}}
+    flip_tie = bool((variant or {}).get("flip_tie"))
+    config = {"model_type": arch, **_fill(module.ModelArgs, arch, sizes, flip_tie)}
     text_args = _text_args(module)
     if text_args is not None:  # a wrapper (often a vision model's language half): its text model's args
         inner = text_args.__module__.rsplit(".", 1)[-1]
-        config["text_config"] = _fill(text_args, inner if inner != arch else f"{arch}_text")
+        config["text_config"] = _fill(text_args, inner if inner != arch else f"{arch}_text", sizes, flip_tie)
         config["text_config"].update(TEXT_OVERRIDES.get(arch, {}))
     config.update(OVERRIDES.get(arch, {}))
     return config
 
 
-def _fill(args_cls, model_type: str) -> dict:
+def _fill(args_cls, model_type: str, sizes: dict = SIZES, flip_tie: bool = False) -> dict:
     out = {}
     hints = _hints(args_cls)
     for f in dataclasses.fields(args_cls):
@@ -148,8 +171,10 @@ def _fill(args_cls, model_type: str) -> dict:
         elif f.name in ("text_config", "vision_config", "quantization", "rope_scaling"):
             if required:
                 out[f.name] = None
-        elif f.name in SIZES:
-            out[f.name] = SIZES[f.name]
+        elif f.name == "tie_word_embeddings" and flip_tie:
+            out[f.name] = not (f.default if isinstance(f.default, bool) else True)
+        elif f.name in sizes:
+            out[f.name] = sizes[f.name]
         elif required and f.name in REQUIRED:
             out[f.name] = REQUIRED[f.name]
         elif required:

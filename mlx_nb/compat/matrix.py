@@ -29,7 +29,9 @@ Verdicts:
 - `batched`: prompts prefilled together (right-padded) and decoded together give exactly the
   tokens the reference gives for each prompt alone.
 - `prefill_alone`: correct only when each prompt is prefilled on its own; decode still batches.
-- `refused`: wrong even with prompts prefilled alone, or the batched run fails; never served.
+- `sequential`: wrong even with prompts prefilled alone, or the batched run fails, or its caches
+  cannot merge; served one request at a time through generate_step, which equals the reference.
+- `refused`: the model runs alone but not even the sequential lane gives the reference's tokens.
 - `untested`: no tiny instance could be built or run alone here (the reason says why); the
   engine treats it like an architecture the matrix has never seen.
 """
@@ -41,7 +43,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-VERDICTS = ("batched", "prefill_alone", "refused", "untested")
+VERDICTS = ("batched", "prefill_alone", "sequential", "refused", "untested")
 CHECKS = (
     "build",          # a tiny instance was built and loaded through mlx_nb's loader
     "reference",      # every prompt ran alone through the independent reference
@@ -50,6 +52,7 @@ CHECKS = (
     "abort",          # a request aborted mid-decode ended so; the others finished (their tokens: "batched")
     "prefix",         # a turn reusing the previous turn's cache (warm) == reference (cold)
     "prefill_alone",  # with prompts prefilled one at a time, every row == reference
+    "sequential",     # one request at a time (queued, abortable), every row == reference
 )
 HERE = Path(__file__).parent
 
@@ -96,6 +99,8 @@ def verdict_of(checks: dict) -> str:
         return "batched"
     if checks.get("prefill_alone"):
         return "prefill_alone"
+    if checks.get("sequential"):
+        return "sequential"
     return "refused"
 
 

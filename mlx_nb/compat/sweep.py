@@ -1,10 +1,12 @@
 """`python -m mlx_nb.compat.sweep`: measure every mlx_lm architecture into mlx_nb/compat/mlx_lm.json.
 
-Each architecture runs in its own subprocess with a time limit: a tiny random instance is built
-from its generated config (`configs.py`), then `checks.measure` runs it alone and batched. Some
-upstream models crash the interpreter on CPU or hang; the child records its stage before each
-step, so a crash or a timeout is classified for that architecture and the sweep goes on. A crash
-or hang in the batched run is retried with prompts prefilled one at a time.
+Each architecture is measured on several tiny random instances (`configs.INSTANCES`: seeds and
+config variants), each in its own subprocess with a time limit: the instance is built from its
+generated config (`configs.py`), then `checks.measure` runs it alone and batched, and the entry
+combines the instances (`checks.combine`: batched only if every instance is). Some upstream models
+crash the interpreter on CPU or hang; the child records its stage before each step, so a crash or
+a timeout is classified for that instance and the sweep goes on. A crash or hang in the batched
+run is retried with prompts prefilled one at a time, and one there with the sequential lane.
 
     python -m mlx_nb.compat.sweep                 # all, in the installed mlx_lm
     python -m mlx_nb.compat.sweep --only mamba,llama   # re-measure some; keep the other entries
@@ -28,25 +30,25 @@ from typing import Optional
 from mlx_nb.compat import matrix
 
 PACKAGE = "mlx_lm"
-SEED = 7
 
 
-# -- the child: one architecture ---------------------------------------------------------------
-def measure_one(arch: str, state: Path, batched_failed: Optional[str]) -> None:
+# -- the child: one instance of one architecture --------------------------------------------------
+def measure_one(arch: str, instance: str, state: Path, skip: dict) -> None:
     from mlx_nb.compat import checks
-    from mlx_nb.compat.configs import NotTinyError, write_tiny
+    from mlx_nb.compat.configs import INSTANCES, NotTinyError, write_tiny
     from mlx_nb.engine.types import first_line
 
     def note(stage: str, entry: dict) -> None:
         state.write_text(json.dumps({"stage": stage, "entry": entry}))
 
+    seed, variant = INSTANCES[instance]
     entry = {"cache_types": [], "checks": {"build": False}, "details": {}}
     with tempfile.TemporaryDirectory() as tmp:
         note("build", entry)
         printed = io.StringIO()
         try:
             with contextlib.redirect_stdout(printed):
-                out = write_tiny(arch, Path(tmp) / arch, SEED)
+                out = write_tiny(arch, Path(tmp) / arch, seed, variant)
         except BaseException as exc:  # SystemExit included: a module may exit on import
             said = printed.getvalue().strip().splitlines()
             why = said[-1] if isinstance(exc, SystemExit) and said else first_line(exc)
@@ -54,18 +56,17 @@ def measure_one(arch: str, state: Path, batched_failed: Optional[str]) -> None:
             entry["details"]["error"] = f"build: {kind}{why}"
             note("done", checks.finish(entry))
             return
-        entry = checks.measure(str(out), note, batched_failed=batched_failed)
+        entry = checks.measure(str(out), note, **skip)
     note("done", entry)
 
 
-# -- the parent: every architecture, each in a subprocess ---------------------------------------
-def run_child(arch: str, timeout: float, batched_failed: Optional[str] = None) -> tuple[dict, Optional[str]]:
+# -- the parent: every architecture, each instance in a subprocess --------------------------------
+def run_child(arch: str, instance: str, timeout: float, skip: Optional[dict] = None) -> tuple[dict, Optional[str]]:
     """(state the child left, how it ended if not cleanly: 'timed out after N s' / 'crashed (SIGSEGV)')."""
     with tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False) as f:
         state = Path(f.name)
-    cmd = [sys.executable, "-m", "mlx_nb.compat.sweep", "--one", arch, "--state", str(state)]
-    if batched_failed:
-        cmd += ["--batched-failed", batched_failed]
+    cmd = [sys.executable, "-m", "mlx_nb.compat.sweep", "--one", arch, "--instance", instance,
+           "--state", str(state), "--skip", json.dumps(skip or {})]
     ended = None
     try:
         proc = subprocess.run(cmd, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -90,25 +91,38 @@ def _signal_name(code: int) -> str:
     return f"exit status {code}"
 
 
-def sweep_one(arch: str, timeout: float) -> dict:
+# A crash or hang in one engine run is retried without it: the batched run, then prompts
+# prefilled one at a time, then the sequential lane.
+RETRY = {"batched": "batched_failed", "prefill_alone": "alone_failed"}
+
+
+def sweep_instance(arch: str, instance: str, timeout: float) -> dict:
     from mlx_nb.compat import checks
 
-    found, ended = run_child(arch, timeout)
-    stage = found.get("stage")
-    if stage == "done" and ended is None:
-        return found["entry"]
-    entry = found.get("entry") or {"cache_types": [], "checks": {"build": False}, "details": {}}
-    if stage == "batched":  # the batched run crashed or hung: try prompts prefilled one at a time
-        found, again = run_child(arch, timeout, batched_failed=f"the batched run {ended}")
-        if found.get("stage") == "done" and again is None:
+    skip: dict = {}
+    while True:
+        found, ended = run_child(arch, instance, timeout, skip)
+        stage = found.get("stage")
+        if stage == "done" and ended is None:
             return found["entry"]
-        entry = found.get("entry") or entry
-        ended, stage = again or ended, found.get("stage", stage)
+        entry = found.get("entry") or {"cache_types": [], "checks": {"build": False}, "details": {}}
+        if stage in RETRY and RETRY[stage] not in skip:
+            skip[RETRY[stage]] = f"the {stage.replace('_', ' ')} run {ended}"
+            continue
+        break
     entry["details"].setdefault("error", f"{stage}: the process {ended}")
-    if stage == "prefill_alone":
-        entry["checks"]["prefill_alone"] = False
-        entry["details"]["prefill_alone"] = {"error": f"the run {ended}"}
+    if stage in ("prefill_alone", "sequential"):
+        entry["checks"][stage] = False
+        entry["details"][stage] = {"error": f"the run {ended}"}
     return checks.finish(entry)
+
+
+def sweep_one(arch: str, timeout: float) -> dict:
+    """Every instance of `arch` (configs.INSTANCES), combined into one entry (checks.combine)."""
+    from mlx_nb.compat import checks
+    from mlx_nb.compat.configs import INSTANCES
+
+    return checks.combine({name: sweep_instance(arch, name, timeout) for name in INSTANCES})
 
 
 def versions() -> dict:
@@ -129,13 +143,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per architecture run")
     p.add_argument("--out", type=Path, default=matrix.HERE, help="folder of the matrix files")
     p.add_argument("--one", help=argparse.SUPPRESS)
+    p.add_argument("--instance", help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--batched-failed", help=argparse.SUPPRESS)
+    p.add_argument("--skip", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         import mlx_nb  # noqa: F401  (runtime set-up before MLX)
 
-        measure_one(args.one, args.state, args.batched_failed)
+        measure_one(args.one, args.instance, args.state, json.loads(args.skip))
         return 0
 
     from mlx_nb.compat.configs import architectures

@@ -158,6 +158,25 @@ def check_family(name: str, *, prefill_step_size: int = 16, seed: int = 0, timeo
         report.checks = {c.name: None for c in all_cases}
         return report
     served = _serve(name, all_cases, refs, prefill_step_size, timeout)
+    _compare(report, all_cases, refs, lengths, served)
+    report.checks["outputs_vary"] = len({tuple(t) for t in refs.values() if t}) > 1
+    _decide(report)
+    if report.verdict == "refused" and served.get("policy") != "sequential":  # one request at a time?
+        lane = FamilyReport(report.architecture, report.cache_types, notes=report.notes)
+        lane.checks = {k: report.checks[k] for k in _SANITY if k in report.checks}
+        lane.details = {k: v for k, v in report.details.items() if refs.get(k, 0) is None}
+        _compare(lane, all_cases, refs, lengths,
+                 _serve(name, all_cases, refs, prefill_step_size, timeout, mode="sequential"))
+        _decide(lane)
+        if lane.verdict == "sequential":
+            lane.reason = f"{report.reason}; {lane.reason}"
+            return lane
+    return report
+
+
+def _compare(report: FamilyReport, all_cases: list[Case], refs: dict, lengths: dict, served: dict) -> None:
+    """The engine's answers against mlx_vlm's, case by case, into the report's checks."""
+    report.details["policy"] = served.get("policy")
     for case in all_cases:
         got = served.get(case.name)
         if case.name == "abort":
@@ -175,22 +194,26 @@ def check_family(name: str, *, prefill_step_size: int = 16, seed: int = 0, timeo
     report.checks["prompt_tokens"] = not wrong
     if wrong:
         report.details["prompt_tokens"] = f"usage.prompt_tokens (engine, mlx_vlm): {wrong}"
-    if served.get("late_join_batch", 0) < 2 and report.checks.get("late_join"):
+    sequential = served.get("policy") == "sequential"  # nothing joins: requests wait their turn
+    if not sequential and served.get("late_join_batch", 0) < 2 and report.checks.get("late_join"):
         report.checks["late_join"] = False
         report.details["late_join"] = "the late request did not join a running batch"
-    report.checks["outputs_vary"] = len({tuple(t) for t in refs.values() if t}) > 1
-    _decide(report)
-    return report
+    if sequential and served.get("late_join_batch", 0) > 1:
+        report.checks["late_join"] = False
+        report.details["late_join"] = "a request of the sequential lane ran in a batch"
 
 
-def _serve(name: str, all_cases: list[Case], refs: dict, prefill_step_size: int, timeout: float) -> dict:
-    """The engine's tokens for every case (the abort case: its finish reason); errors as strings."""
+def _serve(name: str, all_cases: list[Case], refs: dict, prefill_step_size: int, timeout: float,
+           mode: Optional[str] = None) -> dict:
+    """The engine's tokens for every case (the abort case: its finish reason); errors as strings;
+    "policy": the batch policy the engine served them with (`mode` forces one)."""
     from mlx_nb import Engine
 
     by_name = {c.name: c for c in all_cases}
     out: dict[str, Any] = {}
     try:
-        with Engine(name, max_batch=8, prefill_step_size=prefill_step_size, wait=True) as engine:
+        with Engine(name, max_batch=8, prefill_step_size=prefill_step_size, wait=True, batch_policy=mode) as engine:
+            out["policy"] = engine.status()["policy"]["mode"]
             first = {k: engine.submit(messages=by_name[k].messages, max_tokens=budget(by_name[k]))
                      for k in ("image", "two_images", "text_only", "abort") if refs.get(k) is not None}
             leader = first.get("image") or first.get("text_only")
@@ -231,18 +254,21 @@ _SANITY = ("outputs_vary", "image_matters")  # properties of the fixture, not of
 
 def _decide(report: FamilyReport) -> None:
     failed = [k for k, v in report.checks.items() if v is False and k not in _SANITY]
+    sequential = report.details.get("policy") == "sequential"
     if failed:
         report.verdict = "refused"
-        report.reason = f"batched output differs from mlx_vlm generate ({', '.join(failed)}): " + \
+        how = "one request at a time" if sequential else "batched"
+        report.reason = f"{how} output differs from mlx_vlm generate ({', '.join(failed)}): " + \
             report.details[failed[0]][:160]
     elif not (report.checks.get("outputs_vary") and report.checks.get("image_matters")):
         report.verdict = "untestable"
         report.reason = "the tiny fixture's answers do not depend on the request or the image, so equality proves nothing"
     else:
         skipped = [k for k, v in report.checks.items() if v is None and k not in _SANITY]
-        report.verdict = "batched"
-        report.reason = "; ".join(["prefilled alone, decoded in the shared batch", *report.notes,
-                                   "equals mlx_vlm generate"])
+        report.verdict = "sequential" if sequential else "batched"
+        how = "served one request at a time through mlx_vlm's generate_step" if sequential else \
+            "prefilled alone, decoded in the shared batch"
+        report.reason = "; ".join([how, *report.notes, "equals mlx_vlm generate"])
         if skipped:
             report.reason += f" (not run: {', '.join(skipped)}: {report.details[skipped[0]][:100]})"
 
@@ -262,7 +288,7 @@ def _language_model_caches(name: str) -> list[str]:
 def _how_served(loaded) -> list[str]:
     from mlx_nb.models.vision import chunked_prefill_allowed
 
-    notes = []
+    notes = [loaded.sequential] if loaded.sequential else []
     if loaded.model.rope_deltas:
         notes.append("per-row mRoPE deltas")
     if not chunked_prefill_allowed(loaded.vision_model, input_ids=None, inputs_embeds=None, prompt_cache=None,

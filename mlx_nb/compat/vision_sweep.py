@@ -4,10 +4,11 @@
     python -m mlx_nb.compat.vision_sweep tiny-llava # some families, printed only
 
 Each family is checked by `vision_check.check_family` (mlx_vlm's own generate per request alone
-vs the engine serving them together) and gets a verdict: batched, refused (the engine would
-differ from mlx_vlm, or fails: the loader refuses the family with this reason), or untestable
-(mlx_vlm itself cannot run it here, or the fixture cannot tell right from wrong). The file is
-what the loader reads to refuse a family, and what docs/compatibility.md renders.
+vs the engine serving them together) on INSTANCES weight draws, and gets the verdict every draw
+allows (`checks.combine`): batched, sequential (served one request at a time, equal to mlx_vlm's
+generate), refused (wrong even then: the loader refuses the family with this reason), or
+untestable (mlx_vlm itself cannot run it here, or the fixture cannot tell right from wrong). The
+file is what the loader reads, and what docs/compatibility.md renders.
 """
 
 from __future__ import annotations
@@ -23,15 +24,42 @@ from mlx_nb.models.atomic import write_text_atomically
 from mlx_nb.models.vision import COMPAT_FILE
 
 
+INSTANCES = 3  # weight draws per family: the fixture's own seed, then the next ones (other requests too)
+
+
 def sweep(names: list[str], prefill_step_size: int = 16) -> list[dict]:
-    from mlx_nb.compat.vision_check import check_family
+    from mlx_nb.compat.checks import combine
 
     entries = []
     for name in names:
-        report = check_family(name, prefill_step_size=prefill_step_size)
-        entries.append(report.entry())
-        print(f"{report.architecture:>14}  {report.verdict:<10} {report.reason}", flush=True)
+        entry = combine({label: check_instance(name, i, prefill_step_size) for i, label in enumerate(labels(name))})
+        entries.append(entry)
+        print(f"{entry['architecture']:>14}  {entry['verdict']:<10} {entry['reason']}", flush=True)
     return entries
+
+
+def labels(name: str) -> list[str]:
+    from mlx_nb.models.fixtures import _seed
+
+    return [f"seed {_seed(name) + i}" for i in range(INSTANCES)]
+
+
+def check_instance(name: str, i: int, prefill_step_size: int) -> dict:
+    """Instance 0 is the fixture itself; the others are built with the next seeds, in a temporary
+    folder, and asked other generated requests."""
+    import tempfile
+    from pathlib import Path
+
+    from mlx_nb.compat.vision_check import check_family
+    from mlx_nb.models.atomic import build_atomically
+    from mlx_nb.models.fixtures import WEIGHT_SCALE, _seed
+    from mlx_nb.models.fixtures_vision import build_vision
+
+    if i == 0:
+        return check_family(name, prefill_step_size=prefill_step_size).entry()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_atomically(Path(tmp) / name, lambda out: build_vision(name, out, _seed(name) + i, WEIGHT_SCALE))
+        return check_family(str(path), prefill_step_size=prefill_step_size, seed=i).entry()
 
 
 def main(argv=None) -> int:

@@ -3,8 +3,9 @@
 - `batched`: the matrix verified that prompts prefilled together give the tokens each gives alone.
 - `prefill_alone`: each prompt is prefilled on its own (its state would read a batch's padding),
   then decodes in the shared batch.
-- `refused`: wrong even then, or failing when batched, or a cache type that cannot merge: the
-  model is not loaded, with a one-line reason naming its type.
+- `sequential`: wrong or failing batched even with prompts prefilled alone, or a cache type that
+  cannot merge: served one request at a time through mlx_lm's generate_step (`sequential.py`).
+- `refused`: the model cannot run on this backend at all: not loaded, with a one-line reason.
 
 An architecture the matrix has never seen (a newer mlx-lm, an `untested` entry, cache types its
 entry never had, or a `batched` verdict measured on another version of the package) takes the
@@ -23,7 +24,7 @@ from mlx_nb.compat import matrix
 from mlx_nb.engine.layout import is_batchable
 from mlx_nb.models.cache_types import cache_type_name
 
-MODES = ("batched", "prefill_alone", "refused")
+MODES = ("batched", "prefill_alone", "sequential", "refused")
 DOC = "docs/compatibility.md"
 
 
@@ -63,6 +64,9 @@ def architecture_of(loaded) -> tuple[str, str]:
 
 def policy_for(loaded, forced: Optional[str] = None) -> BatchPolicy:
     package, arch = architecture_of(loaded)
+    if loaded.sequential:  # the model itself says so (models/vision.py: state carried per request)
+        return BatchPolicy("sequential", "model", f"{arch}: {loaded.sequential}: requests are served one at a time",
+                           arch, package)
     if package == "mlx_vlm":  # the file the vision loader honours too (MLX_NB_VISION_COMPAT may name another)
         import json
 
@@ -99,18 +103,19 @@ def decide(
     stale: Optional[str] = None,
 ) -> BatchPolicy:
     """The policy for `architecture` with these (fresh) layer caches; `entries` defaults to the
-    shipped matrix for `package`; `forced` ("batched" / "prefill_alone") overrides the matrix.
+    shipped matrix for `package`; `forced` (a mode but `refused`) overrides the matrix, except that
+    caches which cannot merge are always served sequentially.
     `stale` (why) says the matrix was measured on another version of the model code: a verdict
     of `batched` then covers only plain KV caches (wrong answers are what we never risk)."""
     # The vision adapter's rope-delta pseudo-cache holds no tokens: it is never part of a verdict.
     caches = [c for c in caches if cache_type_name(c) != "RopeDeltaCache"]
     names = [cache_type_name(c) for c in caches]
+    if forced is not None and (forced == "sequential" or not unmergeable(caches)):
+        return BatchPolicy(forced, "forced", f"{forced} as the caller asked", architecture, package)
     cannot = unmergeable(caches)
     if cannot:
-        return BatchPolicy("refused", "caches", f"{architecture} uses {cannot} caches, which cannot be "
-                           "batched: load a model without quantized/chunked KV caches", architecture, package)
-    if forced is not None:
-        return BatchPolicy(forced, "forced", f"{forced} as the caller asked", architecture, package)
+        return BatchPolicy("sequential", "caches", f"{architecture} uses {cannot} caches, which cannot join a "
+                           "batch: requests are served one at a time", architecture, package)
     table = matrix.entries(package) if entries is None else entries
     entry = table.get(architecture)
     if entry is None or entry["verdict"] == "untested":
@@ -155,9 +160,7 @@ def after_check(policy: BatchPolicy, result: dict) -> BatchPolicy:
 
 def refusal(model_name: str, policy: BatchPolicy) -> str:
     """The one-line load error for a refused model."""
-    if policy.source == "caches":
-        return f"{model_name}: {policy.reason}"
-    return f"{model_name} cannot be served batched: {policy.reason} (see {DOC})"
+    return f"{model_name} cannot run here: {policy.reason} (see {DOC})"
 
 
 def unmergeable(caches: list) -> list[str]:

@@ -78,10 +78,11 @@ class Engine:
             max_pixels=max_image_pixels,
         )
         self.prefix_options = dict(enabled=prefix_cache, max_bytes=prefix_cache_bytes)
-        # None: batch as the compatibility matrix says (engine/batchability.py); "batched" or
-        # "prefill_alone" force that mode (the sweep that measures the matrix does).
-        if batch_policy not in (None, "batched", "prefill_alone"):
-            raise ValueError(f"batch_policy must be None, 'batched' or 'prefill_alone', not {batch_policy!r}")
+        # None: batch as the compatibility matrix says (engine/batchability.py); "batched",
+        # "prefill_alone" or "sequential" force that mode (the sweep that measures the matrix does).
+        if batch_policy not in (None, "batched", "prefill_alone", "sequential"):
+            raise ValueError("batch_policy must be None, 'batched', 'prefill_alone' or 'sequential', "
+                             f"not {batch_policy!r}")
         self.memory_options = dict(memory_limit=memory_limit, buffer_cache_bytes=buffer_cache_bytes)
         self.load_progress = LoadProgress()  # the load's phase, for status() while it runs
         # quantize (4 or 8): a float checkpoint's layers quantized for the CPU kernels at load

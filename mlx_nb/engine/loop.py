@@ -149,14 +149,15 @@ class EngineLoop:
         # whose cache can't be cut back (SSM state, a wrapped window) finds the next turn's prefix.
         # Plain KV caches are trimmed back from any stored entry instead: no snapshot (each one is
         # an extra prefill step and a cache copy per request).
-        self.snapshots = self.prefix_options["enabled"] and not all(
-            always_trimmable(c) for c in loaded.make_cache())
+        # The sequential lane starts every request from an empty cache: no prefix reuse there.
+        reuse = self.prefix_options["enabled"] and self.policy.mode != "sequential"
+        self.snapshots = reuse and not all(always_trimmable(c) for c in loaded.make_cache())
         prefix = None
-        if self.prefix_options["enabled"]:
+        if reuse:
             budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
             prefix = PrefixCache(self.model_name, budget)
         self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, **self.options)
-        if loaded.kind == "vision":
+        if loaded.kind == "vision" and self.policy.mode != "sequential":  # else the lane reads the images
             from mlx_nb.engine.vision_prefill import VisionPrefills
 
             self.prefills = VisionPrefills(loaded, self.event_log, self.runner, self.options["prefill_step_size"],

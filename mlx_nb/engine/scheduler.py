@@ -45,7 +45,8 @@ class BatchRunner:
         # Never above max_batch: BatchGenerator would raise its decode batch to the prefill batch.
         # 1 when the model's batch policy (engine/batchability.py) says its state reads the
         # padding of a prompt batch: prompts are then prefilled one at a time, decode still batches.
-        alone = policy is not None and policy.mode == "prefill_alone"
+        self.sequential = policy is not None and policy.mode == "sequential"  # engine/sequential.py
+        alone = policy is not None and policy.mode in ("prefill_alone", "sequential")
         self.prefill_batch = 1 if alone else min(prefill_batch, max_batch)
         self.prefill_step_size = prefill_step_size
         self.pacer = PrefillPacer(prefill_step_size, prefill_budget_s)
@@ -62,8 +63,11 @@ class BatchRunner:
     # -- lifecycle ---------------------------------------------------------------------------
     def _new_generator(self):
         from mlx_nb.engine.decode import Generator
+        from mlx_nb.engine.sequential import SequentialGenerator
 
         eos = sorted(getattr(self.loaded.tokenizer, "eos_token_ids", []) or [])
+        if self.sequential:
+            return SequentialGenerator(self.loaded, stop_tokens=[[t] for t in eos])
         return Generator(
             self.loaded.model,
             stop_tokens=[[t] for t in eos],
@@ -109,6 +113,7 @@ class BatchRunner:
             all_tokens=[list(all_tokens or [])],
             samplers=[self._sampler(live)],
             logits_processors=[procs],
+            **({"requests": [live]} if self.sequential else {}),
         )
         live.uid = uid
         live.phase = "queued"
@@ -187,8 +192,10 @@ class BatchRunner:
             return
         self._peak_batch = max(self._peak_batch, len(self.decoding))
         waiting = sum(1 for lv in self.by_uid.values() if lv.phase in ("queued", "prefill"))
-        self._bg.prefill_step_size = self.pacer.next_chunk(
-            step_s, self._read_tokens, len(self.decoding), waiting, rows=min(waiting, self.prefill_batch))
+        chunk = self.pacer.next_chunk(step_s, self._read_tokens, len(self.decoding), waiting,
+                                      rows=min(waiting, self.prefill_batch))
+        if not self.sequential:  # the sequential lane reads generate_step's own chunks
+            self._bg.prefill_step_size = chunk
         if self.decoding:
             self.events.publish("step", self.steps, list(self.decoding), batch_size=len(self.decoding))
 

@@ -25,6 +25,7 @@ class LoadedModel:
     dtype: str = "native"
     kernels: Optional[dict] = None  # what mlx_nb.kernels.swap put on the kernels, and what it left
     sampling: dict = field(default_factory=dict)  # the model's recommended sampling (sampling_defaults.read)
+    sequential: Optional[str] = None  # why the model itself can only serve one request at a time
 
     @property
     def context_length(self) -> int:

@@ -13,11 +13,13 @@ mlx_vlm's language models keep the current request's mRoPE state on the module (
 deltas before every decode step, and a prefill installs its request's state before each chunk.
 
 A family the compatibility sweep found it cannot batch (mlx_nb/compat/mlx_vlm.json, verdict
-"refused") is refused here, at load, with the sweep's one-line reason; so is a family whose
-language model takes state carried from step to step (cross-attention states, encoder outputs:
-mlx_vlm's generate passes them from one decode step to the next; a batch row has nowhere to keep
-them). `MLX_NB_VISION_COMPAT` names another verdict file, or none when empty (the sweep itself
-reads none: it decides them).
+"sequential") is served one request at a time through mlx_vlm's own generate_step
+(engine/sequential.py), with the sweep's one-line reason; so is a family whose language model
+takes state carried from step to step (cross-attention states, encoder outputs: mlx_vlm's
+generate passes them from one decode step to the next; a batch row has nowhere to keep them).
+Only a "refused" family (wrong even one request at a time) is refused here, at load.
+`MLX_NB_VISION_COMPAT` names another verdict file, or none when empty (the sweep itself reads
+none: it decides them).
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ STEP_STATE = ("cross_attention_states", "encoder_outputs", "decoder_input_ids")
 
 
 class VisionFamilyRefused(ModelLoadError):
-    """A vision family that cannot join a shared decode batch; `reason` says why, in one line."""
+    """A vision family the sweep found wrong even one request at a time; `reason` says why, in one line."""
 
     def __init__(self, name: str, family: Optional[str], reason: str):
-        super().__init__(f"{name}: mlx_vlm family {family!r} cannot be batched: {reason}")
+        super().__init__(f"{name}: mlx_vlm family {family!r} cannot be served: {reason}")
         self.family, self.reason = family, reason
 
 
@@ -128,9 +130,10 @@ def load_vision_model(name: str, path: Path, config: dict):
     tokenizer = load_tokenizer(Path(path), eos_token_ids=eos or None)
     lm = vision_model.language_model
     carried = [p for p in STEP_STATE if p in inspect.signature(lm.__call__).parameters]
-    if carried:
-        raise VisionFamilyRefused(name, family, f"its language model takes {', '.join(carried)} from step to step, "
-                                  "per request: a shared decode batch has no place for them")
+    sequential = (f"its language model takes {', '.join(carried)} from step to step, per request: a shared "
+                  "decode batch has no place for them") if carried else None
+    if verdict is not None and verdict.get("verdict") == "sequential":
+        sequential = sequential or verdict.get("reason", "the compatibility matrix serves it one request at a time")
     text_config = getattr(vision_model.config, "text_config", None)
     adapter = VisionLMAdapter(
         lm,
@@ -146,6 +149,7 @@ def load_vision_model(name: str, path: Path, config: dict):
         config=config,
         processor=processor,
         vision_model=vision_model,
+        sequential=sequential,
     )
 
 

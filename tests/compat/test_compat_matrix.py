@@ -65,5 +65,29 @@ def test_a_vision_file_in_the_same_schema_gets_its_own_section(tmp_path, shipped
     (tmp_path / "mlx_vlm.json").write_text(json.dumps(vision))
     text = docs.render(tmp_path)
     assert text.index("## Text models (mlx-lm)") < text.index("## Vision models (mlx-vlm)")
-    assert "| `qwen2_5_vl` | KVCache ×2 | prefill_alone | images are prefilled per request |" in text
-    assert "| mlx_vlm | 0 | 1 | 0 | 0 | 1 |" in text
+    assert "| `qwen2_5_vl` | KVCache ×2 | prefill_alone | 1/1 | images are prefilled per request |" in text
+    assert "| mlx_vlm | 0 | 1 | 0 | 0 | 0 | 1 |" in text
+
+
+def test_every_verdict_is_the_most_careful_of_its_instances(shipped):
+    """Each architecture was measured on every instance of configs.INSTANCES (several seeds and
+    config variants); it is batched only if every instance that ran is, else it takes the most
+    careful verdict any instance needed, and the document shows how they split."""
+    from mlx_nb.compat.checks import SEVERITY
+    from mlx_nb.compat.configs import INSTANCES
+
+    text_part, _, vision_part = docs.render(matrix.HERE).partition("## Vision models (mlx-vlm)")
+    vision = matrix.read("mlx_vlm", matrix.HERE)
+    for data, want, text in ((shipped, list(INSTANCES), text_part), (vision, None, vision_part)):
+        for e in data["entries"]:
+            name, listed = e["architecture"], e["instances"]
+            assert want is None or [i["instance"] for i in listed] == want, name
+            assert len(listed) >= 3, name
+            ran = [i["verdict"] for i in listed if i["verdict"] not in ("untested", "untestable")]
+            if ran:
+                assert e["verdict"] == max(ran, key=SEVERITY.index), name
+            row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+            cell = row.split(" | ")[3]
+            agree = all(i["verdict"] == e["verdict"] for i in listed)
+            assert cell == f"{len(listed)}/{len(listed)}" if agree else cell.endswith(f"of {len(listed)} instances"), \
+                (name, cell)

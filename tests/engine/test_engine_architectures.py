@@ -1,5 +1,6 @@
-"""How an architecture may batch, decided from the measured matrix: refused at load with a one-line
-reason, or, when the matrix has never seen it, the safe path (plain KV caches batch, any other
+"""How an architecture may batch, decided from the measured matrix: batched, prefilled alone,
+served one request at a time, or refused at load with a one-line reason; when the matrix has never
+seen it, the safe path (plain KV caches batch, any other
 cache is prefilled one request at a time), said in status().
 
 The models are real mlx_lm architectures built tiny with random weights (configs generated from
@@ -21,28 +22,52 @@ from reference import reply_tokens
 PROMPTS = ["a", "a much longer prompt than the others, " * 3, "one of middle length"]
 
 
-def test_a_model_whose_cache_cannot_merge_is_refused_at_load(tmp_path):
-    """llama4 reads its context in chunks: ChunkedKVCache has no merge, so its rows cannot batch."""
-    engine = Engine(str(write_tiny("llama4", tmp_path / "llama4")))
+def test_a_model_whose_cache_cannot_merge_is_served_one_request_at_a_time(tmp_path):
+    """llama4 reads its context in chunks: ChunkedKVCache has no merge, so its rows cannot batch;
+    they are served one at a time through generate_step, token for token."""
+    path = str(write_tiny("llama4", tmp_path / "llama4"))
+    loaded = load_model(path)
+    want = [reply_tokens(loaded, encode_prompt(loaded.tokenizer, p, chat=False), 8) for p in PROMPTS]
+    del loaded
+    with Engine(path, wait=True) as engine:
+        policy = engine.status()["policy"]
+        assert (policy["mode"], policy["source"]) == ("sequential", "caches") and "ChunkedKVCache" in policy["reason"]
+        together = [engine.submit(prompt=p, max_tokens=8) for p in PROMPTS]
+        assert [h.result(timeout=120).token_ids for h in together] == want
+        assert engine.status()["peak_batch_size"] == 1
+
+
+def test_the_matrix_verdicts_sequential_and_refused_at_load(tmp_path, monkeypatch):
+    """A `sequential` architecture is served one request at a time; a `refused` one (wrong even
+    then) fails to load in one line naming the reason and the page that lists it."""
+    data = matrix.read("mlx_lm", matrix.HERE)
+    for e in data["entries"]:
+        if e["architecture"] == "llama":
+            e.update(verdict="refused", reason="wrong even one request at a time")
+        if e["architecture"] == "gemma3_text":
+            e.update(verdict="sequential", reason="rows drift in batched decoding")
+    (tmp_path / "mlx_lm.json").write_text(json.dumps(data))
+    monkeypatch.setenv("MLX_NB_COMPAT_DIR", str(tmp_path))
+    engine = Engine("tiny-llama")
     with pytest.raises(ModelLoadError) as err:
         engine.wait_ready(120)
     message = str(err.value)
-    assert "ChunkedKVCache" in message and "cannot be batched" in message and "\n" not in message
-    engine.close()
-
-
-def test_an_architecture_the_matrix_refuses_is_refused_at_load_in_one_line(tmp_path):
-    refused = sorted(a for a, e in matrix.entries("mlx_lm").items()
-                     if e["verdict"] == "refused" and not e["details"].get("unmergeable"))
-    assert refused, "the matrix refuses no architecture for its outputs: nothing to check"
-    arch = refused[0]
-    engine = Engine(str(write_tiny(arch, tmp_path / arch)))
-    with pytest.raises(ModelLoadError) as err:
-        engine.wait_ready(120)
-    message = str(err.value)
-    assert "\n" not in message and f"cannot be served batched: {arch}:" in message
+    assert "\n" not in message and "tiny-llama cannot run here: llama: wrong even one request at a time" in message
     assert "docs/compatibility.md" in message
     engine.close()
+    with Engine("tiny-gemma3", wait=True) as engine:
+        policy = engine.status()["policy"]
+        assert (policy["mode"], policy["source"]) == ("sequential", "matrix")
+        assert "rows drift in batched decoding" in policy["reason"]
+        assert all(h.result(timeout=120).error is None for h in [engine.submit(prompt=p, max_tokens=4) for p in PROMPTS])
+
+
+def test_no_architecture_that_runs_here_is_refused():
+    """`refused` is only for a model wrong even one request at a time: every text architecture the
+    sweep ran alone is served, batched or not."""
+    for package in ("mlx_lm", "mlx_vlm"):
+        for arch, e in matrix.entries(package).items():
+            assert e["verdict"] != "refused", (arch, e["reason"])
 
 
 def test_an_architecture_absent_from_the_matrix_takes_the_safe_path():
@@ -104,8 +129,9 @@ def test_which_cache_types_can_join_a_batch():
     assert not is_batchable(ChunkedKVCache(8))
     assert not is_batchable(RotatingKVCache(8, keep=4))  # batched rotating caches keep nothing
     assert not is_batchable(CacheList(ArraysCache(2), QuantizedKVCache()))
-    refused = decide("any", [KVCache(), CacheList(ArraysCache(2), QuantizedKVCache())], entries={})
-    assert refused.mode == "refused" and "QuantizedKVCache" in refused.reason
+    alone = decide("any", [KVCache(), CacheList(ArraysCache(2), QuantizedKVCache())], entries={})
+    assert alone.mode == "sequential" and "QuantizedKVCache" in alone.reason
+    assert decide("any", [ChunkedKVCache(8)], forced="batched", entries={}).mode == "sequential"
 
 
 def test_the_matrix_is_looked_up_by_the_module_that_built_the_model(tmp_path):
