@@ -33,6 +33,7 @@ from mlx_nb.api import (
     parse_count_tokens_request,
     sse_comment,
 )
+from mlx_nb.api.forced_tools import enforced
 from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, Route, Serving
 from mlx_nb.api.tool_calls import DEFAULT_MARKERS
 from mlx_nb.engine.generic_tools import GENERIC
@@ -141,6 +142,8 @@ class GenerateHandler(ProxyMixin, MLXHandler):
         if serving.tool_format:
             self.set_header("X-MLX-Tool-Format", serving.tool_format)
         req = self.route.parse(self.request.body, serving)
+        if (held := enforced(self.route.forced_tool(req), serving)) is not None:
+            self.set_header("X-MLX-Tool-Choice", held)
         handles = await self.submit(self.route.engine_requests(req, serving))
         clamped = self.note_budget(self.route.requested_budget(req), handles[0])
         created = int(time.time())

@@ -107,6 +107,8 @@ class RemoteEngine:
             body["stop"] = kw["stop"]
         if kw.get("tools"):
             body["tools"] = kw["tools"]
+        if kw.get("constraint") is not None:  # the backend enforces it, if it can
+            body.update(kw["constraint"].wire())
         resp = await self.open("POST", "chat/completions" if chat else "completions", body)
         if resp.status_code >= 400:
             raise await backend_error(resp, self.url)

@@ -10,12 +10,14 @@ reverse). Decisions:
 - `n` > 1 asks for n choices: n engine requests (seeds `seed + i` when seeded), decoded as n rows
   of the shared batch, returned as choices 0..n-1 with the completion tokens summed in `usage`.
 - `tool_choice: "none"` withholds the tools from the prompt and skips tool-call parsing;
-  "required" and named functions cannot be enforced without constrained decoding and act as "auto".
-- `response_format` json_object / json_schema: the engine has no constrained decoding, so the
-  format becomes a system instruction (with the schema, if any), and the reply is checked after
-  generation. Invalid JSON is still returned as generated (the tokens were spent and the text may
-  be fixable); the choice then carries a non-standard `json_error` string saying why it failed to
-  parse. The schema itself is not validated against.
+  "required" and a named function hold the reply to one call, its arguments to the function's
+  schema, where the tool markup is JSON between markers (api/forced_tools.py); otherwise "auto".
+- `response_format` json_object / json_schema (strict or not: both are enforced) holds the reply to
+  the schema token by token (engine/constrained.py); the format is also said in a system
+  instruction (with the schema), so the model writes content, not just syntax. A reply cut short
+  by the budget can still fail to parse: the choice then carries a non-standard `json_error`
+  string saying why. llama.cpp's and vLLM's extension fields (`json_schema`, `grammar`,
+  `guided_json`, `guided_regex`, `guided_grammar`) constrain the same way.
 - `logit_bias`, `presence_penalty` and `frequency_penalty` are honoured (mlx_lm's logits
   processors); `user` / `metadata` etc. are accepted and ignored; the pre-`tools` `functions` field is
   rejected, since silently ignoring it changes results.
@@ -38,6 +40,7 @@ from mlx_nb.api.openai_common import (
 )
 from mlx_nb.api.request_common import (
     SamplingFields,
+    constraint_kwargs,
     ServerDefaults,
     WireModel,
     parse_request,
@@ -214,6 +217,7 @@ def chat_engine_kwargs(req: ChatRequest, defaults: ServerDefaults = ServerDefaul
         lead = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), len(messages))
         messages.insert(lead, {"role": "system", "content": json_instruction(req.response_format)})
     kwargs: dict[str, Any] = {"messages": messages, **sampling_kwargs(req)}
+    kwargs.update(constraint_kwargs(req, req.response_format))
     kwargs.update(generation_kwargs(defaults, req.budget, kwargs))
     kwargs["logprobs"] = engine_logprobs(bool(req.logprobs), req.top_logprobs)
     kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools] if req.wants_tools else None

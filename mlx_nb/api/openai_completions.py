@@ -29,6 +29,7 @@ from mlx_nb.api.request_common import (
     WireModel,
     parse_request,
     engine_logprobs,
+    constraint_kwargs,
     generation_kwargs,
     sampling_kwargs,
 )
@@ -48,6 +49,7 @@ class CompletionRequest(SamplingFields):
     echo: Optional[bool] = None
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+    response_format: Optional[dict] = None  # as on chat (vLLM takes it here too): json_object / json_schema
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -98,7 +100,7 @@ def parse_completion_request(
 
 
 def completion_engine_kwargs(req: CompletionRequest, defaults: ServerDefaults = ServerDefaults()) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"prompt": req.prompt, **sampling_kwargs(req)}
+    kwargs: dict[str, Any] = {"prompt": req.prompt, **sampling_kwargs(req), **constraint_kwargs(req, req.response_format)}
     kwargs.update(generation_kwargs(defaults, req.max_tokens, kwargs))
     kwargs["logprobs"] = engine_logprobs(req.logprobs is not None, req.logprobs)
     kwargs["tools"] = None

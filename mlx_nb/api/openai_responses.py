@@ -5,8 +5,8 @@ messages (`input_text`, `input_image`, and `output_text` from earlier assistant 
 `function_call` and `function_call_output` items — plus `instructions` (a leading system message),
 function tools (flat: `{"type": "function", "name", "parameters"}`) and `namespace` tools (a
 group of function tools the client runs, as Codex sends them), `tool_choice`,
-`max_output_tokens` and `text.format` (json_object / json_schema, handled as in chat: an
-instruction, then a check). Items are translated into the engine's one (chat) message format.
+`max_output_tokens` and `text.format` (json_object / json_schema, held to the schema token by token as in
+chat, with an instruction saying it). Items are translated into the engine's one (chat) message format.
 
 Refused with a 400, because silently dropping them changes the answer: `previous_response_id`
 and `item_reference` (this server stores no responses: send the whole conversation), and files.
@@ -34,6 +34,7 @@ from mlx_nb.api.openai_chat import ResponseFormat, json_instruction
 from mlx_nb.api.request_common import (
     ServerDefaults,
     WireModel,
+    constraint_kwargs,
     parse_request,
     generation_kwargs,
 )
@@ -240,6 +241,7 @@ def responses_engine_kwargs(req: ResponsesRequest, defaults: ServerDefaults = Se
     for name in ("top_p", "temperature", "seed"):
         if (value := getattr(req, name)) is not None:
             kwargs[name] = value
+    kwargs.update(constraint_kwargs(req, req.text_format))
     kwargs.update(generation_kwargs(defaults, req.max_output_tokens, kwargs))
     kwargs["logprobs"] = 0
     kwargs["tools"] = req.chat_tools()

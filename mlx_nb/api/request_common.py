@@ -201,6 +201,26 @@ class SamplingFields(WireModel):
     seed: Optional[int] = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
+    # Output constraints besides response_format, as llama.cpp's server (json_schema, grammar in
+    # GBNF) and vLLM's (guided_json, guided_regex, guided_grammar in Lark) take them; docs/structured-outputs.md.
+    json_schema: Union[dict, str, None] = None
+    grammar: Optional[str] = None
+    guided_json: Union[dict, str, None] = None
+    guided_regex: Optional[str] = None
+    guided_grammar: Optional[str] = None
+
+
+CONSTRAINT_FIELDS = ("json_schema", "grammar", "guided_json", "guided_regex", "guided_grammar")
+
+
+def constraint_kwargs(req: Any, response_format: Any = None) -> dict[str, Any]:
+    """`{"constraint": ...}` for the engine when the request constrains its output (response_format
+    json_object / json_schema, or one extension field), else {}. Two constraints at once are a 400."""
+    from mlx_nb.engine.constrained import from_request
+
+    fmt = response_format.model_dump(exclude_none=True) if hasattr(response_format, "model_dump") else response_format
+    found = from_request(fmt, **{f: getattr(req, f, None) for f in CONSTRAINT_FIELDS})
+    return {"constraint": found} if found is not None else {}
 
 
 def sampling_kwargs(req: SamplingFields) -> dict[str, Any]:

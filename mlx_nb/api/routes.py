@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from mlx_nb.api.forced_tools import Forced, forced_tool_kwargs
 from mlx_nb.api.anthropic_messages import messages_engine_kwargs, messages_response, parse_messages_request
 from mlx_nb.api.anthropic_stream import MessagesStream
 from mlx_nb.api.openai_chat import chat_engine_requests, chat_response, parse_chat_request
@@ -65,6 +66,15 @@ class Route:
     def engine_requests(self, req: Any, serving: Serving) -> list[dict]:
         raise NotImplementedError
 
+    def forced_tool(self, req: Any) -> Forced:
+        """A call the request's tool_choice demands: True (any tool), a tool's name, or None."""
+        return None
+
+    def held(self, req: Any, serving: Serving, requests: list[dict]) -> list[dict]:
+        """`requests` with a demanded tool call held to its schema (api/forced_tools.py)."""
+        extra = forced_tool_kwargs(requests[0], self.forced_tool(req), serving)
+        return [{**kw, **extra} for kw in requests]
+
     def response(self, req: Any, results: list[Result], serving: Serving, created: int) -> dict:
         raise NotImplementedError
 
@@ -117,7 +127,13 @@ class ChatRoute(Route):
         return parse_chat_request(body, model_names=[serving.model], defaults=serving.defaults)
 
     def engine_requests(self, req, serving):
-        return chat_engine_requests(req, serving.defaults)
+        return self.held(req, serving, chat_engine_requests(req, serving.defaults))
+
+    def forced_tool(self, req):
+        choice = req.tool_choice
+        if isinstance(choice, dict):
+            return (choice.get("function") or {}).get("name") or None
+        return True if choice == "required" else None
 
     def response(self, req, results, serving, created):
         return chat_response(req, results, model=serving.model, created=created, **serving.tools)
@@ -179,7 +195,13 @@ class MessagesRoute(Route):
         return parse_messages_request(body, model_names=[serving.model], defaults=serving.defaults)
 
     def engine_requests(self, req, serving):
-        return [messages_engine_kwargs(req, serving.defaults)]
+        return self.held(req, serving, [messages_engine_kwargs(req, serving.defaults)])
+
+    def forced_tool(self, req):
+        choice = req.tool_choice
+        if choice is None or choice.type not in ("any", "tool"):
+            return None
+        return choice.name if choice.type == "tool" else True
 
     def response(self, req, results, serving, created):
         (result,) = results
@@ -199,7 +221,13 @@ class ResponsesRoute(Route):
         return parse_responses_request(body, model_names=[serving.model], defaults=serving.defaults)
 
     def engine_requests(self, req, serving):
-        return [responses_engine_kwargs(req, serving.defaults)]
+        return self.held(req, serving, [responses_engine_kwargs(req, serving.defaults)])
+
+    def forced_tool(self, req):
+        choice = req.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            return req.model_name(choice.get("name", ""), choice.get("namespace"))
+        return True if choice == "required" else None
 
     def response(self, req, results, serving, created):
         (result,) = results

@@ -16,6 +16,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from mlx_nb.engine import workers
+from mlx_nb.engine.constrained import Constraint, from_request, processor_for
 from mlx_nb.engine.events import EventLog, prompt_snippet
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
@@ -161,6 +162,8 @@ class Engine:
         tools: Optional[list] = None,
         logits_processors: Optional[list] = None,
         sampler: Optional[Callable] = None,
+        response_format: Optional[dict] = None,
+        constraint: Optional[Constraint] = None,
         chat_template_kwargs: Optional[dict] = None,
         request_id: Optional[str] = None,
         source: Optional[str] = None,
@@ -169,7 +172,9 @@ class Engine:
 
         `logits_processors` (`fn(tokens, logits) -> logits`) and `sampler` (`fn(logprobs) -> token ids`)
         run on this request's row only; one that raises or returns the wrong shape or dtype ends
-        this request alone with finish_reason "error". `max_tokens` None means the rest of the
+        this request alone with finish_reason "error". `response_format` (OpenAI's: json_object or
+        json_schema) or `constraint` (engine/constrained.py: a JSON schema, regex or grammar) holds
+        the output to it token by token; a grammar llguidance cannot compile is a RequestError here. `max_tokens` None means the rest of the
         context; a budget larger than what fits after the prompt is clamped to it (`handle.max_tokens`
         says what was granted).
         `source` says who asked (e.g. "notebook 02-chats.ipynb", "route: OpenAI/Python"): batch events
@@ -217,6 +222,9 @@ class Engine:
         sampling.max_tokens = min(sampling.max_tokens, context - len(tokens))
         if sampler is not None and not callable(sampler):
             raise RequestError("sampler must be a function of the log-probabilities", "sampler")
+        constraint = constraint or from_request(response_format)
+        if constraint is not None:  # last: after bias and penalties, nothing can lift what it masks
+            logits_processors = [*(logits_processors or []), processor_for(loaded, constraint)]
         handle = RequestHandle(rid, self._loop.abort, prompt_tokens=len(tokens), max_tokens=sampling.max_tokens)  # the loop, not self: a handle never pins an Engine
         live = LiveRequest(
             request=request,
