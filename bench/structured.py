@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
-import mlx_nb  # noqa: E402  (preloads the fast BLAS before MLX)
+import mlx_nb  # noqa: E402,F401  (preloads the fast BLAS before MLX)
 from mlx_nb.engine import constrained  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 from mlx_nb.api.tool_calls import DEFAULT_MARKERS
-from mlx_nb.engine.constrained import tool_call
+from mlx_nb.engine.constrained import closed, tool_call
 from mlx_nb.engine.types import RequestError
 
 Forced = Union[bool, str, None]  # True: any of the tools; a name: that one; None: no call demanded
@@ -34,7 +34,9 @@ def forced_tool_kwargs(kwargs: dict, forced: Forced, serving: Any) -> dict:
     tools = kwargs.get("tools") or []
     if not forced or not tools:
         return {}
-    functions = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    # a strict function's schema is closed to its listed properties, as OpenAI's strict mode requires
+    functions = [(t["function"]["name"], closed(t["function"].get("parameters")) if t["function"].get("strict")
+                  else t["function"].get("parameters")) for t in tools]
     if isinstance(forced, str):
         functions = [f for f in functions if f[0] == forced]
         if not functions:

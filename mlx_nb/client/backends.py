@@ -196,7 +196,7 @@ class _Remote:
 
     @staticmethod
     def _request(st: _Stream, messages: list, params: dict) -> dict:
-        extra = {k: params[k] for k in ("top_p", "stop", "seed") if params.get(k) is not None}
+        extra = {k: params[k] for k in ("top_p", "stop", "seed", "response_format") if params.get(k) is not None}
         return dict(model=st.model, messages=messages, stream=True, stream_options={"include_usage": True},
                     max_tokens=params["max_tokens"], temperature=params["temperature"], **extra)
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from mlx_nb.client import backends
 from mlx_nb.client.backends import _Embedded, _Remote
-from mlx_nb.client.content import build_messages, request_source
+from mlx_nb.client.content import build_messages, request_source, response_format_of
 from mlx_nb.client.streams import (
     AsyncChatStream,
     ChatReply,
@@ -96,27 +96,34 @@ class Client:
 
     # -- chat ---------------------------------------------------------------------------------
     @staticmethod
-    def _params(max_tokens, temperature, top_p, stop, seed) -> dict:
-        return dict(max_tokens=max_tokens, temperature=temperature, top_p=1.0 if top_p is None else top_p,
-                    stop=stop, seed=seed, source=request_source())
+    def _params(max_tokens, temperature, top_p, stop, seed, response_format=None) -> dict:
+        out = dict(max_tokens=max_tokens, temperature=temperature, top_p=1.0 if top_p is None else top_p,
+                   stop=stop, seed=seed, source=request_source())
+        fmt = response_format_of(response_format)
+        if fmt is not None:
+            out["response_format"] = fmt
+        return out
 
     def stream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
                stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
-               progress: Optional[Progress] = None) -> ChatStream:
-        """Start a request (waiting for a loading model first); iterate the ChatStream for text chunks."""
+               progress: Optional[Progress] = None, response_format: Any = None) -> ChatStream:
+        """Start a request (waiting for a loading model first); iterate the ChatStream for text chunks.
+        `response_format` (a pydantic model class, a JSON schema dict, or OpenAI's response_format)
+        holds the answer to that schema token by token."""
         messages = build_messages(messages_or_text, system, images)
-        params = self._params(max_tokens, temperature, top_p, stop, seed)
+        params = self._params(max_tokens, temperature, top_p, stop, seed, response_format)
         wait = self._wait(progress)
         return ChatStream(self, self.model_name(model), lambda st: self._backend.open(st, messages, params, wait))
 
     def chat(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
              max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None, stop: Any = None,
              seed: Optional[int] = None, stream: bool = False, model: Optional[str] = None,
-             progress: Optional[Progress] = None):
+             progress: Optional[Progress] = None, response_format: Any = None):
         """The whole ChatReply, or with stream=True a ChatStream of text chunks."""
         st = self.stream(messages_or_text, system=system, images=images, max_tokens=max_tokens,
-                         temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model, progress=progress)
+                         temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model, progress=progress,
+                         response_format=response_format)
         if stream:
             return st
         for _ in st:
@@ -126,10 +133,10 @@ class Client:
     def astream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                 max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
                 stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
-                progress: Optional[Progress] = None) -> AsyncChatStream:
+                progress: Optional[Progress] = None, response_format: Any = None) -> AsyncChatStream:
         """`async for chunk in client.astream(...)`: never blocks the event loop."""
         messages = build_messages(messages_or_text, system, images)
-        params = self._params(max_tokens, temperature, top_p, stop, seed)
+        params = self._params(max_tokens, temperature, top_p, stop, seed, response_format)
         wait = self._wait(progress)
         # the model may be resolved later, in aopen: asking a server for its models must not block the loop
         return AsyncChatStream(self, model or self.model, lambda st: self._backend.aopen(st, messages, params, wait))
@@ -137,11 +144,11 @@ class Client:
     async def achat(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                     max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
                     stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
-                    progress: Optional[Progress] = None) -> ChatReply:
+                    progress: Optional[Progress] = None, response_format: Any = None) -> ChatReply:
         """Awaitable chat; several at once (asyncio.gather) share the engine's batch."""
         st = self.astream(messages_or_text, system=system, images=images, max_tokens=max_tokens,
                           temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model,
-                          progress=progress)
+                          progress=progress, response_format=response_format)
         async for _ in st:
             pass
         return st.reply

@@ -75,3 +75,18 @@ def request_source() -> str:
         return "ipython"
     name = os.path.basename(os.environ.get("JPY_SESSION_NAME", ""))
     return f"notebook {name}".strip().encode("ascii", "replace").decode()[:80]
+
+
+def response_format_of(value: Any) -> Optional[dict]:
+    """OpenAI's `response_format` for a pydantic model class, a JSON schema dict, or a
+    response_format dict as is (None: free text)."""
+    if value is None or (isinstance(value, dict) and "type" in value and value["type"] in
+                         ("text", "json_object", "json_schema")):
+        return value
+    schema_of = getattr(value, "model_json_schema", None)
+    if isinstance(value, type) and callable(schema_of):  # a pydantic model class
+        return {"type": "json_schema", "json_schema": {"name": value.__name__, "schema": schema_of(), "strict": True}}
+    if isinstance(value, dict):
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": value, "strict": True}}
+    raise TypeError(f"response_format: give a pydantic model class, a JSON schema dict or OpenAI's "
+                    f"response_format, not {type(value).__name__}")

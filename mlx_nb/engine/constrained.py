@@ -211,8 +211,9 @@ def from_request(response_format: Optional[dict] = None, **extensions: Any) -> O
     if name == "response_format":
         if value["type"] == "json_object":
             return Constraint("json_schema", ANY_JSON_OBJECT, name)
-        schema = (value.get("json_schema") or {}).get("schema")
-        return Constraint("json_schema", _schema(schema if schema is not None else ANY_JSON_OBJECT, name), name)
+        spec = value.get("json_schema") or {}
+        schema = _schema(spec["schema"] if spec.get("schema") is not None else ANY_JSON_OBJECT, name)
+        return Constraint("json_schema", closed(schema) if spec.get("strict") else schema, name)
     if name in ("json_schema", "guided_json"):
         return Constraint("json_schema", _schema(value, name), name)
     if name == "guided_regex":
@@ -245,6 +246,32 @@ def _tool_call_lark(value: dict, tokenizer: Any) -> str:
 def _marker(text: str, tokenizer: Any) -> str:
     ids = tokenizer.encode(text, add_special_tokens=False) if tokenizer is not None else []
     return f"<[{ids[0]}]>" if len(ids) == 1 else json.dumps(text)
+
+
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> schema
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMA_ONE = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
+
+
+def closed(schema: Any) -> Any:
+    """The schema with every object that does not say otherwise closed to its listed properties:
+    OpenAI's `strict: true` requires `additionalProperties: false` on every object, and pydantic's
+    schemas (the openai SDK's `parse`) leave it out, which would let a model invent keys."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(sub) for sub in out[key]]
+    for key in SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _schema(value: Any, field: str) -> dict:

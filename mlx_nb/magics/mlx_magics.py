@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
@@ -82,7 +82,7 @@ class MlxMagics(Magics):
     def mlx(self, line: str, cell: Optional[str] = None):
         """Chat with the shared MLX engine. `%mlx help` lists the subcommands.
 
-        `%%mlx chat [-s SYSTEM] [-i IMAGE] [-n MAX_TOKENS] [-t TEMPERATURE] [--model M] [--new]`
+        `%%mlx chat [-s SYSTEM] [-i IMAGE] [-n MAX_TOKENS] [-t TEMPERATURE] [--model M] [--json-schema NAME] [--new]`
         with the question as the cell body; `{name}` is filled from your variables.
         """
         try:
@@ -121,6 +121,8 @@ class MlxMagics(Magics):
     @argument("-n", "--max-tokens", type=int, default=None, help="answer length limit (default 512)")
     @argument("-t", "--temperature", type=float, default=None, help="sampling temperature (default 0: greedy)")
     @argument("--model", default=None, help="model for this cell only")
+    @argument("--json-schema", default=None, metavar="NAME",
+              help="hold the answer to a JSON schema: the name of a variable holding a schema dict or a pydantic model")
     @argument("--new", action="store_true", help="start a new conversation")
     @argument("prompt", nargs="*", help="the question, in the line form `%%mlx chat QUESTION`")
     def _sub_chat(self, line: str, cell: Optional[str]):
@@ -135,6 +137,7 @@ class MlxMagics(Magics):
             self.conversation.clear()
         if args.system:
             self.conversation.system = args.system
+        schema = self._schema(args.json_schema)
         view = ChatView(self._mode(), self.update_hz)
         if self._mode() == "live":
             view.waiting(f"⏳ waiting for {args.model or self.client.model or 'the model'}")
@@ -146,6 +149,7 @@ class MlxMagics(Magics):
                 temperature=self.temperature if args.temperature is None else args.temperature,
                 model=args.model,
                 progress=view.loading,
+                response_format=schema,
             )
         except BaseException:
             view.withdraw()
@@ -160,6 +164,20 @@ class MlxMagics(Magics):
         if reply is not None and reply.finish_reason != "abort":
             self.conversation.add(prompt, text)
         return ChatAnswer(text, reply, self.shell.execution_count)
+
+    def _schema(self, name: Optional[str]) -> Any:
+        """The schema `--json-schema NAME` names: a dict or a pydantic model class in the notebook."""
+        if name is None:
+            return None
+        from mlx_nb.client.content import response_format_of
+
+        value = self.shell.user_ns.get(name)
+        if value is None:
+            raise UsageError(f"--json-schema {name}: no variable {name!r} in this notebook: define the schema first")
+        try:
+            return response_format_of(value)
+        except TypeError as exc:
+            raise UsageError(f"--json-schema {name}: {exc}") from None
 
     def _mode(self) -> str:
         if self.terminal:

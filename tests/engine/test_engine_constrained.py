@@ -71,6 +71,24 @@ def test_generated_schemas_hold_at_temperature_one(model, count):
             jsonschema.validate(json.loads(result.text), schema)
 
 
+def test_json_object_and_strict_schemas_on_the_default_model():
+    """json_object: any object (nothing bounds it: SmolLM2 sometimes nests or names keys until its
+    budget, so only the replies that end are checked); strict: an object the schema does not close
+    (pydantic leaves additionalProperties out) gets no keys beyond its own."""
+    open_schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}
+    with Engine("smollm2-135m-instruct", wait=True) as engine:
+        ask = [{"role": "user", "content": "Name a city as JSON."}]
+        objects = [engine.submit(messages=ask, max_tokens=200, temperature=0.5, seed=s,
+                                 response_format={"type": "json_object"}) for s in range(6)]
+        strict = [engine.submit(messages=ask, max_tokens=200, temperature=1.0, seed=s, response_format={
+            "type": "json_schema", "json_schema": {"name": "c", "schema": open_schema, "strict": True}}) for s in range(4)]
+        ended = [r for r in (h.result(timeout=300) for h in objects) if r.finish_reason == "stop"]
+        assert ended and all(isinstance(json.loads(r.text), dict) for r in ended)
+        for h in strict:
+            r = h.result(timeout=300)
+            assert r.finish_reason == "stop" and set(json.loads(r.text)) == {"city"}, r.text
+
+
 def test_free_rows_of_a_constrained_batch_equal_generate_step_alone():
     prompts = ["a", "one of middle length", "x y z", "a much longer prompt than the others, " * 3]
     loaded = load_model("tiny-llama")

@@ -162,3 +162,15 @@ def test_the_batch_view_shows_the_queue(engine, want):
     assert all(b["join"] >= a["leave"] for a, b in zip(order, order[1:]))
     assert order[-1]["join"] > order[-1]["insert"]  # the last one visibly waited
     assert max(n for _, n in sizes) == 1
+
+
+def test_a_constrained_request_in_the_lane(engine):
+    import json
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    for seed in range(3):
+        result = engine.submit(prompt=PROMPTS[1], max_tokens=40, temperature=1.0, seed=seed,
+                               response_format=fmt).result(timeout=60)
+        assert result.finish_reason == "stop" and 0 <= json.loads(result.text)["n"] <= 99

@@ -163,3 +163,27 @@ def test_load_and_wait_ready(live, client):
 def test_health_needs_no_token(live):
     r = httpx.get(f"{live.url}/health", timeout=5, trust_env=False)
     assert r.json() == {"status": "ok"}
+
+
+def test_chat_with_a_response_format_over_the_route(live, client):
+    """A pydantic model, a schema dict: sent as response_format, held by the server's constraint
+    (the random tiny model at temperature 1 writes valid JSON only because of it)."""
+    import json
+
+    from pydantic import BaseModel, Field
+
+    class Point(BaseModel):
+        x: int = Field(ge=-9, le=9)
+        label: str = Field(max_length=6)
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    for seed in range(3):
+        reply = client.chat("a point", max_tokens=200, temperature=1.0, seed=seed, response_format=Point)
+        assert reply.finish_reason == "stop" and Point.model_validate_json(reply.text)
+        assert json.loads(client.chat("ok?", max_tokens=50, temperature=1.0, seed=seed,
+                                      response_format=schema).text) in ({"ok": True}, {"ok": False})
+    reply = asyncio.run(client.achat("a point", max_tokens=200, temperature=1.0, response_format=Point))
+    assert Point.model_validate_json(reply.text)
+    with pytest.raises(TypeError, match="pydantic model class"):
+        client.chat("x", response_format=42)

@@ -377,3 +377,22 @@ def test_real_model_knows_the_capital_of_france(ip, magics):
     answer, cap = run(ip, "%%mlx chat --model smollm2-135m-instruct -n 32\nWhat is the capital of France?")
     assert "Paris" in answer
     assert answer.reply.model == "smollm2-135m-instruct"
+
+
+def test_chat_held_to_a_json_schema_named_by_a_variable(ip, magics):
+    import json
+
+    run(ip, "from pydantic import BaseModel, Field\n"
+            "class Pet(BaseModel):\n    name: str = Field(max_length=8)\n    legs: int = Field(ge=0, le=8)\n"
+            "pet_schema = {'type': 'object', 'properties': {'n': {'type': 'integer', 'minimum': 0, 'maximum': 9}},"
+            " 'required': ['n'], 'additionalProperties': False}")
+    for name in ("Pet", "pet_schema"):
+        answer, _ = run(ip, f"%%mlx chat -t 1.0 -n 200 --json-schema {name}\ndescribe a pet")
+        assert answer.reply.finish_reason == "stop"
+        data = json.loads(str(answer))
+        if name == "Pet":
+            assert ip.user_ns["Pet"].model_validate(data)
+        else:
+            assert set(data) == {"n"} and 0 <= data["n"] <= 9
+    answer, cap = run(ip, "%%mlx chat --json-schema no_such_variable\nhi")
+    assert answer is None and "no variable 'no_such_variable'" in one_error_line(cap)

@@ -118,8 +118,10 @@ def test_concurrent_chats_wait_their_turn_and_each_equals_the_model_alone(lane):
         reasons = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
         assert reasons[-1] == ("length" if len(answer) == MAX_TOKENS else "stop") and not any(reasons[:-1])
         assert len([r for r in reasons if r is None]) >= 2  # streamed in pieces, not in one chunk
-    events = server.events(since)
     ids = [c["id"].removeprefix("chatcmpl-") for i in out for c in out[i][:1]]
+    for rid in ids:  # a client has its last chunk a moment before the engine records the request's end
+        server.wait_event(since, lambda e, rid=rid: e["kind"] == "filter" and rid in e["requests"])
+    events = server.events(since)
     inserted = [e for e in events if e["kind"] == "insert" and set(e["requests"]) & set(ids)]
     assert len(inserted) == len(ids)
     # one request at a time: every decode step holds one row, and a request joins only once the

@@ -69,7 +69,7 @@ async def test_langchain_with_structured_output(server, method):
 
     url, _, key = server
     llm = ChatOpenAI(model=MODEL, base_url=url, api_key=key, max_retries=0, max_tokens=400)
-    structured = llm.with_structured_output(Person, method=method)
+    structured = llm.with_structured_output(Person, method=method, strict=True)  # objects closed to their keys
     for _ in range(2):
         assert isinstance(await structured.ainvoke("Tell me about a person."), Person)
 
@@ -116,9 +116,11 @@ async def test_extension_fields_and_completions(server):
     gbnf = await client.completions.create(model=MODEL, prompt="Answer:", max_tokens=20,
                                      extra_body={"grammar": 'root ::= ("yes" | "no") "."'})
     assert gbnf.choices[0].text in ("yes.", "no.")
-    schema = await client.completions.create(model=MODEL, prompt="JSON:", max_tokens=200,
-                                       extra_body={"response_format": {"type": "json_object"}})
-    assert isinstance(json.loads(schema.choices[0].text), dict)
+    point = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    for seed in range(3):  # strict: the object is closed to its keys (else a random model invents some)
+        schema = await client.completions.create(model=MODEL, prompt="JSON:", max_tokens=200, seed=seed, extra_body={
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": point, "strict": True}}})
+        assert set(json.loads(schema.choices[0].text)) <= {"x"}
 
 
 async def test_a_schema_that_cannot_compile_is_a_clear_400(server):
