@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: lab test compat setup system-deps kernels clean
+.PHONY: lab test compat setup system-deps kernels labextension clean
 
 # `make lab` installs what a user needs; `make test` adds the test extra (browsers' drivers, the
 # third-party clients it drives, jupyter-ai's magics) on top.
@@ -34,7 +34,18 @@ system-deps:
 kernels: $(STAMP)
 	@$(BIN)/python -m mlx_nb.kernels.build
 
-setup: system-deps $(STAMP) kernels
+# The JupyterLab extension (labextension/: status bar item, MLX sidebar), rebuilt when its sources
+# change; skipped with a message where node is not installed (the Lab then runs without it).
+LABEXT_SRC := $(wildcard labextension/src/*.ts labextension/style/*.css) labextension/package.json labextension/package-lock.json
+LABEXT_OUT := jupyter_ext/labextension/package.json
+
+$(LABEXT_OUT): $(LABEXT_SRC) | $(STAMP)
+	@bash scripts/build-labextension.sh $(BIN)
+
+labextension: $(STAMP) $(LABEXT_OUT)
+	@[ -e $(VENV)/share/jupyter/labextensions/mlx-nb-labextension/package.json ] || bash scripts/build-labextension.sh $(BIN)
+
+setup: system-deps $(STAMP) kernels labextension
 
 lab: setup
 ifneq ($(ROOT_FLAG),)

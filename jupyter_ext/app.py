@@ -17,7 +17,7 @@ from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 
-from jupyter_ext import handlers, monitor
+from jupyter_ext import control, handlers, monitor
 from jupyter_ext.headless import ModelServerApp
 from jupyter_ext.kernel_env import KernelEnv, KernelPort, direct_url
 from jupyter_ext.keys import KEY_FILE, Keys, load_or_create_key
@@ -35,6 +35,7 @@ ROUTES = [
     (r"mlx/v1/cache", monitor.CacheHandler),
     (r"mlx/v1/events", monitor.EventsHandler),
     (r"mlx/v1/health", monitor.HealthHandler),
+    (r"mlx/v1/requests/([^/]+)", control.RequestHandler),
     (r"mlx/v1(/.*)?", monitor.NotFoundHandler),  # JSON 404s instead of Jupyter's HTML page
     (r"mlx/?", monitor.BaseURLHandler),  # the base URL Claude Code probes
 ]

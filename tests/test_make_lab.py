@@ -1,4 +1,5 @@
-"""`make lab` in a fresh clone reaches a running JupyterLab (as root too), with ARGS passed through.
+"""`make lab` in a fresh clone reaches a running JupyterLab (as root too), with ARGS passed through,
+and builds the Lab extension (node and the npm registry) that `jupyter labextension list` then shows.
 
 The clone is of this repository's committed HEAD. Its `.venv` is a link to the virtualenv running
 the tests (building a fresh one means downloading MLX and JupyterLab: minutes, and network), and
@@ -67,6 +68,12 @@ def test_make_lab_starts_jupyterlab_and_passes_args(clone, tmp_path):
         command = next(line for line in output.splitlines() if "bin/jupyter lab" in line)  # as make echoed it
         assert f"--port={port}" in command and ("--allow-root" in command) == as_root
         assert ("make lab: running as root, so adding --allow-root" in output) == as_root
+        # the Lab extension (status bar, MLX sidebar) was built from the clone and is enabled
+        assert "labextension: built and installed" in output, output[-3000:]
+        listed = subprocess.run([str(clone / ".venv" / "bin" / "jupyter"), "labextension", "list"], env=env,
+                                capture_output=True, text=True)
+        line = next(x for x in (listed.stdout + listed.stderr).splitlines() if "mlx-nb-labextension" in x)
+        assert "enabled" in line and "OK" in line, line
     finally:
         stop(proc)
 

@@ -77,4 +77,6 @@ class LiveRequest:
             "tokens_per_s": tps,
             "age_s": now - self.submitted_at,
             "images": len(self.images),
+            "source": self.extra.get("source"),  # who asked: a notebook, a route's client (X-MLX-Source)
+            "label": self.extra.get("label"),  # the prompt's first words
         }

@@ -1,0 +1,69 @@
+// The engine's routes as the Lab reaches them: with the user's Jupyter session (ServerConnection
+// sends its cookie and XSRF token), so no API key is pasted anywhere.
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export interface RequestStatus {
+  id: string;
+  phase: string;
+  prompt_tokens: number;
+  generated_tokens: number;
+  max_tokens: number;
+  source?: string | null;
+  label?: string | null;
+  tokens_per_s?: number | null;
+}
+
+export interface EngineStatus {
+  model: string;
+  ready: boolean;
+  loading: boolean;
+  error?: string | null;
+  load?: { phase?: string; done?: number; total?: number } | null;
+  batch_size?: number;
+  tokens_per_s?: number;
+  requests?: RequestStatus[];
+}
+
+const settings = ServerConnection.makeSettings();
+
+function url(path: string): string {
+  return URLExt.join(settings.baseUrl, 'mlx', 'v1', path);
+}
+
+export async function fetchStatus(): Promise<EngineStatus> {
+  const response = await ServerConnection.makeRequest(url('status'), {}, settings);
+  if (!response.ok) {
+    throw new Error(`status ${response.status}`);
+  }
+  return (await response.json()) as EngineStatus;
+}
+
+/** Abort a live request; false if it had already finished. */
+export async function abortRequest(id: string): Promise<boolean> {
+  const response = await ServerConnection.makeRequest(
+    url(`requests/${encodeURIComponent(id)}`),
+    { method: 'DELETE' },
+    settings
+  );
+  return response.ok;
+}
+
+/** Requests still waiting for their turn (queued) or for their prompt (prefill). */
+export function waiting(status: EngineStatus): number {
+  return (status.requests ?? []).filter(r => r.phase === 'queued' || r.phase === 'prefill').length;
+}
+
+/** "loading 40%", "ready", "error": the engine's state in one word or two. */
+export function stateOf(status: EngineStatus): string {
+  if (status.error) {
+    return 'error';
+  }
+  if (status.loading) {
+    const load = status.load ?? {};
+    const done = load.done ?? 0;
+    const total = load.total ?? 0;
+    return total > 0 ? `loading ${Math.round((100 * done) / total)}%` : 'loading';
+  }
+  return status.ready ? 'ready' : 'starting';
+}

@@ -1,0 +1,62 @@
+// JupyterLab's view of the one shared MLX engine: a status bar item, a sidebar of every live
+// request with Abort, and palette commands. One poll of the status route feeds them all.
+import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
+import { IStatusBar } from '@jupyterlab/statusbar';
+
+import { abortRequest, EngineStatus, fetchStatus } from './api';
+import { Sidebar, StatusItem } from './panels';
+
+const POLL_MS = 1000;
+const OPEN = 'mlx-nb:open-sidebar';
+const ABORT_ALL = 'mlx-nb:abort-all';
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'mlx-nb-labextension:plugin',
+  description: 'The shared MLX engine in the Lab: status bar, sidebar, abort.',
+  autoStart: true,
+  requires: [ILabShell],
+  optional: [IStatusBar, ICommandPalette],
+  activate: (
+    app: JupyterFrontEnd,
+    shell: ILabShell,
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null
+  ) => {
+    const sidebar = new Sidebar();
+    shell.add(sidebar, 'right', { rank: 900 });
+    let latest: EngineStatus | null = null;
+
+    app.commands.addCommand(OPEN, {
+      label: 'MLX: Open the engine sidebar',
+      execute: () => shell.activateById(sidebar.id)
+    });
+    app.commands.addCommand(ABORT_ALL, {
+      label: 'MLX: Abort every running request',
+      execute: async () => {
+        await Promise.all((latest?.requests ?? []).map(r => abortRequest(r.id)));
+      }
+    });
+    palette?.addItem({ command: OPEN, category: 'MLX' });
+    palette?.addItem({ command: ABORT_ALL, category: 'MLX' });
+
+    const item = new StatusItem(() => void app.commands.execute(OPEN));
+    statusBar?.registerStatusItem('mlx-nb-labextension:status', { item, align: 'left', rank: 100 });
+
+    const poll = async (): Promise<void> => {
+      try {
+        latest = await fetchStatus();
+        item.show_(latest);
+        sidebar.show_(latest);
+      } catch (err) {
+        latest = null;
+        item.show_(null, String(err));
+        sidebar.show_(null, String(err));
+      }
+      window.setTimeout(() => void poll(), POLL_MS);
+    };
+    void poll();
+  }
+};
+
+export default plugin;

@@ -1,0 +1,89 @@
+// The status bar item and the "MLX" sidebar. Text reaches the page through textContent only:
+// request labels and sources come from other notebooks and clients, so nothing is parsed as HTML.
+import { Widget } from '@lumino/widgets';
+
+import { abortRequest, EngineStatus, RequestStatus, stateOf, waiting } from './api';
+
+/** One line: model · state · batch · queue · tokens/s. Clicking it runs `onClick`. */
+export class StatusItem extends Widget {
+  constructor(onClick: () => void) {
+    super();
+    this.addClass('mlx-nb-StatusItem');
+    this.node.title = 'MLX engine: open the sidebar';
+    this.node.addEventListener('click', onClick);
+    this.node.textContent = 'MLX …';
+  }
+
+  show_(status: EngineStatus | null, error?: string): void {
+    if (status === null) {
+      this.node.textContent = `MLX · ${error ?? 'unreachable'}`;
+      this.node.dataset.state = 'error';
+      return;
+    }
+    const state = stateOf(status);
+    const parts = [`MLX · ${status.model} · ${state}`];
+    if (status.ready) {
+      parts.push(`batch ${status.batch_size ?? 0}`, `queue ${waiting(status)}`);
+      parts.push(`${(status.tokens_per_s ?? 0).toFixed(1)} tok/s`);
+    }
+    this.node.textContent = parts.join(' · ');
+    this.node.dataset.state = state.split(' ')[0];
+    this.node.dataset.batch = String(status.batch_size ?? 0);
+  }
+}
+
+/** The live requests of every notebook and client, each with an Abort button. */
+export class Sidebar extends Widget {
+  private header = document.createElement('div');
+  private list = document.createElement('ul');
+
+  constructor() {
+    super();
+    this.id = 'mlx-nb-sidebar';
+    this.addClass('mlx-nb-Sidebar');
+    this.title.label = 'MLX';
+    this.title.caption = 'The shared MLX engine';
+    this.header.className = 'mlx-nb-Sidebar-header';
+    this.list.className = 'mlx-nb-Sidebar-requests';
+    this.node.append(this.header, this.list);
+  }
+
+  show_(status: EngineStatus | null, error?: string): void {
+    if (status === null) {
+      this.header.textContent = `The engine cannot be reached: ${error ?? 'no answer'}`;
+      this.list.replaceChildren();
+      return;
+    }
+    const requests = status.requests ?? [];
+    this.header.textContent =
+      `${status.model} · ${stateOf(status)} · batch ${status.batch_size ?? 0} · ` +
+      `queue ${waiting(status)} · ${requests.length} running`;
+    this.list.replaceChildren(...requests.map(r => this.row(r)));
+  }
+
+  private row(r: RequestStatus): HTMLElement {
+    const li = document.createElement('li');
+    li.className = 'mlx-nb-Request';
+    li.dataset.id = r.id;
+    li.dataset.phase = r.phase;
+    const who = document.createElement('div');
+    who.className = 'mlx-nb-Request-source';
+    who.textContent = r.source || 'unknown source';
+    const what = document.createElement('div');
+    what.className = 'mlx-nb-Request-label';
+    what.textContent = r.label || r.id;
+    const progress = document.createElement('div');
+    progress.className = 'mlx-nb-Request-progress';
+    progress.textContent = `${r.phase} · ${r.generated_tokens}/${r.max_tokens} tokens`;
+    const abort = document.createElement('button');
+    abort.className = 'jp-Button mlx-nb-Request-abort';
+    abort.textContent = 'Abort';
+    abort.title = `Abort request ${r.id}`;
+    abort.addEventListener('click', () => {
+      abort.disabled = true;
+      void abortRequest(r.id);
+    });
+    li.append(who, what, progress, abort);
+    return li;
+  }
+}

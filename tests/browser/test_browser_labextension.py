@@ -1,0 +1,112 @@
+"""The Lab's own view of the shared engine (labextension/), in a real browser.
+
+`make lab` / `make test` build the extension and link it into the venv (scripts/build-labextension.sh),
+so `jupyter labextension list` lists it enabled. A `jupyter lab` process serves tiny-llama; two
+clients chat at once, each naming its notebook (X-MLX-Source, as mlx_nb's Client does): the status
+bar shows batch 2, the MLX sidebar lists both by notebook, and its Abort button ends one while the
+other completes. Text contrast is measured in the light and the dark theme; screenshots land in
+test-output/browser/.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from lab_server import MS, WAIT_S, Lab, _requirements, _shot, menu, watched
+from page_checks import weakest_contrast
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOKS = ("notebook one.ipynb", "notebook two.ipynb")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    _requirements()
+    listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True)
+    line = next((x for x in (listed.stdout + listed.stderr).splitlines() if "mlx-nb-labextension" in x), "")
+    assert "enabled" in line and "OK" in line, "the Lab extension is not installed: run make lab (needs node)"
+    with Lab(tmp_path, ["1 + 1"], model="tiny-llama") as server:
+        yield server
+
+
+def chat(lab: Lab, source: str, max_tokens: int, out: dict) -> None:
+    """A streamed chat from `source`, its end-of-sequence token pushed down so it runs its budget."""
+    key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+    body = {"model": "m", "messages": [{"role": "user", "content": f"hello from {source}"}], "stream": True,
+            "max_tokens": max_tokens, "temperature": 0, "logit_bias": {"258": -100}}
+    reasons = []
+    with httpx.Client(timeout=WAIT_S, trust_env=False) as http, http.stream(
+            "POST", f"{lab.base}/mlx/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {key}", "X-MLX-Source": source}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                out.setdefault("id", chunk["id"].removeprefix("chatcmpl-"))
+                reasons += [c["finish_reason"] for c in chunk.get("choices", []) if c.get("finish_reason")]
+    out["reasons"] = reasons
+
+
+def ended(lab: Lab, request_id: str) -> str:
+    """Why the engine says a request left the batch (its `filter` event)."""
+    key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+    events = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0}, timeout=30, trust_env=False,
+                       headers={"Authorization": f"Bearer {key}"}).json()
+    return next(e["detail"]["reason"] for e in events if e["kind"] == "filter" and request_id in e["requests"])
+
+
+def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
+    from playwright.sync_api import expect
+
+    with watched(page, lab) as errors:
+        page.goto(f"{lab.base}/lab?token={lab.token}", wait_until="domcontentloaded", timeout=60 * MS)
+        item = page.locator(".mlx-nb-StatusItem")
+        expect(item).to_contain_text("tiny-llama · ready", timeout=WAIT_S * MS)
+
+        long_one, short_one = {}, {}
+        threads = [threading.Thread(target=chat, args=(lab, NOTEBOOKS[0], 20000, long_one)),
+                   threading.Thread(target=chat, args=(lab, NOTEBOOKS[1], 6000, short_one))]
+        for t in threads:
+            t.start()
+        expect(page.locator(".mlx-nb-StatusItem[data-batch='2']")).to_have_count(1, timeout=WAIT_S * MS)
+        expect(item).to_contain_text("batch 2")
+
+        item.click()  # opens the sidebar
+        sidebar = page.locator("#mlx-nb-sidebar")
+        expect(sidebar).to_be_visible()
+        rows = sidebar.locator(".mlx-nb-Request")
+        expect(rows).to_have_count(2, timeout=WAIT_S * MS)
+        sources = sorted(rows.locator(".mlx-nb-Request-source").all_inner_texts())
+        assert sources == sorted(NOTEBOOKS)
+        worst, where = weakest_contrast(sidebar.locator(".mlx-nb-Request-source, .mlx-nb-Request-progress, "
+                                                        ".mlx-nb-Sidebar-header, .mlx-nb-Request-abort"))
+        assert worst >= 4.5, f"light theme: {where} ({worst:.2f})"
+        _shot(page, "labext-light-01-two-notebooks")
+
+        rows.filter(has_text=NOTEBOOKS[0]).locator(".mlx-nb-Request-abort").click()
+        threads[0].join(WAIT_S)
+        assert long_one["reasons"] == ["stop"], long_one  # the wire's word for it: its budget was 20,000
+        assert ended(lab, long_one["id"]) == "abort"  # and the engine's
+        expect(rows).to_have_count(1, timeout=WAIT_S * MS)
+        expect(rows.first.locator(".mlx-nb-Request-source")).to_have_text(NOTEBOOKS[1])
+
+        menu(page, "Settings", "Theme", "JupyterLab Dark")
+        expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1, timeout=60 * MS)
+        page.wait_for_timeout(1000)
+        if rows.count():
+            worst, where = weakest_contrast(sidebar.locator(".mlx-nb-Request-source, .mlx-nb-Request-progress, "
+                                                            ".mlx-nb-Sidebar-header, .mlx-nb-Request-abort"))
+            assert worst >= 4.5, f"dark theme: {where} ({worst:.2f})"
+        _shot(page, "labext-dark-01-one-left")
+
+        threads[1].join(WAIT_S)
+        assert short_one["reasons"] == ["length"], short_one  # the other one completed its budget
+        expect(rows).to_have_count(0, timeout=WAIT_S * MS)
+        assert not errors, errors
+        assert Path(lab.log_path).exists()
