@@ -1,4 +1,5 @@
-"""The observing routes: status, cache layout, batch events (SSE or JSON), health, and JSON 404s.
+"""The observing routes: status, cache layout, batch events (SSE or JSON), the batch timeline as a
+picture (`batch.svg`, for the Lab's sidebar), health, and JSON 404s.
 
 With `backend_url` set they show what the backend exposes (`jupyter_ext.proxy`) and say plainly
 what it does not. Engine calls that wait for the engine thread (`status`, `cache_layout`: up to one batch step) run
@@ -138,6 +139,25 @@ class EventsHandler(ProxyMixin, MLXHandler):
         if self.queue is not None:
             self.queue.put_nowait(None)
         super().on_connection_close()
+
+
+class BatchPictureHandler(MLXHandler):
+    """`batch.svg`: the batch timeline the BatchVisualizer widget draws, from the same events (the
+    engine's recent ones), for the Lab's sidebar. `?lanes=N` keeps the last N requests (default 12)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        from mlx_nb.widgets.svg_batch import build_batch_svg
+
+        raw = self.get_argument("lanes", "12")
+        if not raw.isdigit() or not 1 <= int(raw) <= 200:
+            raise invalid_request(f"lanes must be a whole number from 1 to 200, not {raw!r}", "lanes")
+        if self.ext.remote is not None:
+            raise not_found("this server relays a backend: its batch is the backend's")
+        events = self.engine().events(0)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(build_batch_svg(events, max_lanes=int(raw)), set_content_type="image/svg+xml; charset=utf-8")
 
 
 class HealthHandler(MLXHandler):

@@ -67,3 +67,30 @@ export function stateOf(status: EngineStatus): string {
   }
   return status.ready ? 'ready' : 'starting';
 }
+
+/**
+ * The batch timeline the notebook widget draws, drawn by the server from the same events. It is
+ * inserted inline (so it takes the theme's colours), after removing anything that could run:
+ * scripts, foreign objects, event handler attributes and script URLs.
+ */
+export async function fetchBatchPicture(lanes: number): Promise<SVGSVGElement | null> {
+  const response = await ServerConnection.makeRequest(url(`batch.svg?lanes=${lanes}`), {}, settings);
+  if (!response.ok) {
+    return null;
+  }
+  const doc = new DOMParser().parseFromString(await response.text(), 'image/svg+xml');
+  const svg = doc.documentElement;
+  if (!(svg instanceof SVGSVGElement)) {
+    return null;
+  }
+  svg.querySelectorAll('script, foreignObject').forEach(el => el.remove());
+  for (const el of [svg, ...Array.from(svg.querySelectorAll('*'))]) {
+    for (const attr of Array.from(el.attributes)) {
+      const value = attr.value.trim().toLowerCase();
+      if (attr.name.toLowerCase().startsWith('on') || value.startsWith('javascript:')) {
+        el.removeAttribute(attr.name);
+      }
+    }
+  }
+  return document.importNode(svg, true);
+}

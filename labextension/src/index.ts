@@ -1,11 +1,12 @@
 // JupyterLab's view of the one shared MLX engine: a status bar item, a sidebar of every live
-// request with Abort, and palette commands. One poll of the status route feeds them all.
+// request with Abort and the batch timeline, and palette commands. One poll of the status route
+// feeds them all (and, while the sidebar shows, one of the timeline picture).
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { abortRequest, EngineStatus, fetchStatus } from './api';
-import { Sidebar, StatusItem } from './panels';
+import { abortRequest, EngineStatus, fetchBatchPicture, fetchStatus } from './api';
+import { Sidebar, StatusItem, TIMELINE_LANES } from './panels';
 
 const POLL_MS = 1000;
 const OPEN = 'mlx-nb:open-sidebar';
@@ -48,6 +49,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         latest = await fetchStatus();
         item.show_(latest);
         sidebar.show_(latest);
+        if (sidebar.isVisible && latest.ready) {
+          sidebar.showTimeline(await fetchBatchPicture(TIMELINE_LANES));
+        }
       } catch (err) {
         latest = null;
         item.show_(null, String(err));

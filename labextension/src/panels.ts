@@ -4,6 +4,8 @@ import { Widget } from '@lumino/widgets';
 
 import { abortRequest, EngineStatus, RequestStatus, stateOf, waiting } from './api';
 
+export const TIMELINE_LANES = 12;
+
 /** One line: model · state · batch · queue · tokens/s. Clicking it runs `onClick`. */
 export class StatusItem extends Widget {
   constructor(onClick: () => void) {
@@ -36,6 +38,7 @@ export class StatusItem extends Widget {
 export class Sidebar extends Widget {
   private header = document.createElement('div');
   private list = document.createElement('ul');
+  private timeline = document.createElement('div');
 
   constructor() {
     super();
@@ -45,7 +48,15 @@ export class Sidebar extends Widget {
     this.title.caption = 'The shared MLX engine';
     this.header.className = 'mlx-nb-Sidebar-header';
     this.list.className = 'mlx-nb-Sidebar-requests';
-    this.node.append(this.header, this.list);
+    this.timeline.className = 'mlx-nb-Sidebar-timeline';
+    this.node.append(this.header, this.list, this.timeline);
+  }
+
+  /** The batch timeline (every request of every notebook and client, joining and leaving). */
+  showTimeline(picture: SVGSVGElement | null): void {
+    if (picture !== null) {
+      this.timeline.replaceChildren(picture);
+    }
   }
 
   show_(status: EngineStatus | null, error?: string): void {

@@ -24,6 +24,7 @@ from page_checks import weakest_contrast
 pytestmark = pytest.mark.browser
 
 NOTEBOOKS = ("notebook one.ipynb", "notebook two.ipynb")
+HOSTILE = '<img src=x onerror="window.__mlx_xss=1"><script>window.__mlx_xss=2</script>'  # a request's own text
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def lab(tmp_path):
 def chat(lab: Lab, source: str, max_tokens: int, out: dict) -> None:
     """A streamed chat from `source`, its end-of-sequence token pushed down so it runs its budget."""
     key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
-    body = {"model": "m", "messages": [{"role": "user", "content": f"hello from {source}"}], "stream": True,
+    body = {"model": "m", "messages": [{"role": "user", "content": f"{HOSTILE} hello from {source}"}], "stream": True,
             "max_tokens": max_tokens, "temperature": 0, "logit_bias": {"258": -100}}
     reasons = []
     with httpx.Client(timeout=WAIT_S, trust_env=False) as http, http.stream(
@@ -84,6 +85,12 @@ def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
         expect(rows).to_have_count(2, timeout=WAIT_S * MS)
         sources = sorted(rows.locator(".mlx-nb-Request-source").all_inner_texts())
         assert sources == sorted(NOTEBOOKS)
+        labels = rows.locator(".mlx-nb-Request-label").all_inner_texts()
+        assert labels and all(label.startswith(HOSTILE[:16]) for label in labels), labels  # shown as text
+        timeline = sidebar.locator("svg.mlx-batch")  # the picture the notebook widget draws
+        expect(timeline.locator("g.lane")).to_have_count(2, timeout=WAIT_S * MS)
+        assert sorted(NOTEBOOKS) == sorted(n for n in NOTEBOOKS if n in timeline.inner_html())
+        assert page.evaluate("window.__mlx_xss") is None  # nothing of the requests' text ran
         worst, where = weakest_contrast(sidebar.locator(".mlx-nb-Request-source, .mlx-nb-Request-progress, "
                                                         ".mlx-nb-Sidebar-header, .mlx-nb-Request-abort"))
         assert worst >= 4.5, f"light theme: {where} ({worst:.2f})"
