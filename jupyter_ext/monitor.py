@@ -36,7 +36,16 @@ class StatusHandler(MLXHandler):
 
 class CacheHandler(ProxyMixin, MLXHandler):
     """The KV-cache layout: of a fresh cache, or of a live request's with `?request_id=ID`
-    (`?request=ID` too, as earlier clients sent it); an id that is not live is a 404."""
+    (`?request=ID` too, as earlier clients sent it); an id that is not live is a 404. DELETE empties
+    the prefix cache (the Lab's "clear the prefix cache" command) and says what it held."""
+
+    @web.authenticated
+    @authorized
+    async def delete(self):
+        if self.ext.remote is not None:
+            raise not_found("this server relays a backend: its prefix cache is the backend's")
+        engine = self.ready_engine()
+        self.write_json(await asyncio.to_thread(engine.clear_prefix_cache))
 
     @web.authenticated
     @authorized

@@ -94,3 +94,68 @@ export async function fetchBatchPicture(lanes: number): Promise<SVGSVGElement | 
   }
   return document.importNode(svg, true);
 }
+
+/** Empty the engine's prefix cache; what it held ({entries, bytes, ...}). */
+export async function clearPrefixCache(): Promise<{ entries: number; bytes: number }> {
+  const response = await ServerConnection.makeRequest(url('cache'), { method: 'DELETE' }, settings);
+  if (!response.ok) {
+    throw new Error(`clearing the prefix cache failed: ${response.status}`);
+  }
+  return await response.json();
+}
+
+export interface ChatMessage {
+  role: 'user' | 'assistant';
+  content: string;
+}
+
+/**
+ * A streamed chat through the chat completions route: `onText` gets each piece of the answer as
+ * it comes. Aborting `signal` closes the stream, which aborts the request on the server.
+ */
+export async function streamChat(
+  messages: ChatMessage[],
+  onText: (piece: string) => void,
+  signal: AbortSignal
+): Promise<string | null> {
+  const init: RequestInit = {
+    method: 'POST',
+    body: JSON.stringify({ messages, stream: true, max_tokens: 512 }),
+    headers: { 'Content-Type': 'application/json', 'X-MLX-Source': 'Lab sidebar chat' },
+    signal
+  };
+  const response = await ServerConnection.makeRequest(url('chat/completions'), init, settings);
+  if (!response.ok || response.body === null) {
+    const body = await response.json().catch(() => ({}));
+    throw new Error(body?.error?.message ?? `the chat failed: ${response.status}`);
+  }
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  let finish: string | null = null;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) {
+      break;
+    }
+    buffer += decoder.decode(value, { stream: true });
+    let end: number;
+    while ((end = buffer.indexOf('\n\n')) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      for (const line of event.split('\n')) {
+        if (!line.startsWith('data: {')) {
+          continue;
+        }
+        const chunk = JSON.parse(line.slice(6));
+        for (const choice of chunk.choices ?? []) {
+          if (choice.delta?.content) {
+            onText(choice.delta.content);
+          }
+          finish = choice.finish_reason ?? finish;
+        }
+      }
+    }
+  }
+  return finish;
+}

@@ -3,28 +3,33 @@
 // feeds them all (and, while the sidebar shows, one of the timeline picture).
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { abortRequest, EngineStatus, fetchBatchPicture, fetchStatus } from './api';
+import { abortRequest, clearPrefixCache, EngineStatus, fetchBatchPicture, fetchStatus } from './api';
+import { ChatBox } from './chat';
 import { Sidebar, StatusItem, TIMELINE_LANES } from './panels';
 
 const POLL_MS = 1000;
 const OPEN = 'mlx-nb:open-sidebar';
 const ABORT_ALL = 'mlx-nb:abort-all';
+const CLEAR_CACHE = 'mlx-nb:clear-prefix-cache';
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'mlx-nb-labextension:plugin',
   description: 'The shared MLX engine in the Lab: status bar, sidebar, abort.',
   autoStart: true,
   requires: [ILabShell],
-  optional: [IStatusBar, ICommandPalette],
+  optional: [IStatusBar, ICommandPalette, IRenderMimeRegistry],
   activate: (
     app: JupyterFrontEnd,
     shell: ILabShell,
     statusBar: IStatusBar | null,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    rendermime: IRenderMimeRegistry | null
   ) => {
     const sidebar = new Sidebar();
+    sidebar.addPart(new ChatBox(rendermime).node);
     shell.add(sidebar, 'right', { rank: 900 });
     let latest: EngineStatus | null = null;
 
@@ -38,8 +43,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
         await Promise.all((latest?.requests ?? []).map(r => abortRequest(r.id)));
       }
     });
-    palette?.addItem({ command: OPEN, category: 'MLX' });
-    palette?.addItem({ command: ABORT_ALL, category: 'MLX' });
+    app.commands.addCommand(CLEAR_CACHE, {
+      label: 'MLX: Clear the prefix cache',
+      execute: () => clearPrefixCache()
+    });
+    for (const command of [OPEN, ABORT_ALL, CLEAR_CACHE]) {
+      palette?.addItem({ command, category: 'MLX' });
+    }
 
     const item = new StatusItem(() => void app.commands.execute(OPEN));
     statusBar?.registerStatusItem('mlx-nb-labextension:status', { item, align: 'left', rank: 100 });

@@ -52,6 +52,11 @@ export class Sidebar extends Widget {
     this.node.append(this.header, this.list, this.timeline);
   }
 
+  /** A part below the requests (the chat box). */
+  addPart(node: HTMLElement): void {
+    this.node.insertBefore(node, this.timeline);
+  }
+
   /** The batch timeline (every request of every notebook and client, joining and leaving). */
   showTimeline(picture: SVGSVGElement | null): void {
     if (picture !== null) {

@@ -11,6 +11,7 @@ test-output/browser/.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -117,3 +118,43 @@ def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
         expect(rows).to_have_count(0, timeout=WAIT_S * MS)
         assert not errors, errors
         assert Path(lab.log_path).exists()
+
+
+def test_sidebar_chat_streams_and_stops(lab, page):
+    """The sidebar's chat box: an answer streams in (rendered as untrusted Markdown); Stop ends the
+    next one mid-answer, and the engine records that request, sent as "Lab sidebar chat", as aborted."""
+    from playwright.sync_api import expect
+
+    with watched(page, lab, "labext-99-chat-failure") as errors:
+        page.goto(f"{lab.base}/lab?token={lab.token}", wait_until="domcontentloaded", timeout=60 * MS)
+        item = page.locator(".mlx-nb-StatusItem")
+        expect(item).to_contain_text("tiny-llama · ready", timeout=WAIT_S * MS)
+        item.click()
+        box = page.locator("#mlx-nb-sidebar .mlx-nb-Chat")
+        box.locator(".mlx-nb-Chat-input").fill("What is the capital of France?")
+        box.locator(".mlx-nb-Chat-input").press("Enter")
+        answers = box.locator(".mlx-nb-Chat-assistant")
+        expect(answers.first).to_have_attribute("data-finish", re.compile("stop|length"), timeout=WAIT_S * MS)
+        assert answers.first.inner_text().strip() not in ("", "…")
+        worst, where = weakest_contrast(box.locator(".mlx-nb-Chat-turn, .mlx-nb-Chat-send, .mlx-nb-Chat-input"))
+        assert worst >= 4.5, f"{where} ({worst:.2f})"
+        _shot(page, "labext-light-02-chat")
+
+        box.locator(".mlx-nb-Chat-input").fill("Tell me a very long story.")
+        box.locator(".mlx-nb-Chat-send").click()
+        second = answers.nth(1)
+        expect(second).not_to_have_text("…", timeout=WAIT_S * MS)  # the first pieces came
+        box.locator(".mlx-nb-Chat-stop").click()
+        expect(second).to_have_attribute("data-finish", "stopped", timeout=WAIT_S * MS)
+        key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+        for _ in range(100):  # the engine ends it at its next step
+            events = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0}, timeout=30, trust_env=False,
+                               headers={"Authorization": f"Bearer {key}"}).json()
+            chats = [e["requests"][0] for e in events if e["kind"] == "insert"
+                     and e["detail"].get("source") == "Lab sidebar chat"]
+            reasons = {r: e["detail"].get("reason") for e in events if e["kind"] == "filter" for r in e["requests"]}
+            if len(chats) == 2 and chats[1] in reasons:
+                break
+            page.wait_for_timeout(100)
+        assert [reasons.get(c) for c in chats] == [reasons.get(chats[0]), "abort"], (chats, reasons)
+        assert not errors, errors

@@ -44,3 +44,15 @@ async def test_the_api_key_may_abort_too(jp_runtime_dir, http_server, mlx_ready)
         assert unknown.status_code == 404
         anonymous = await http.delete(f"{os.environ['MLX_NB_URL']}/requests/nope")
         assert anonymous.status_code in (401, 403)
+
+
+async def test_delete_cache_empties_the_prefix_cache(jp_fetch, mlx_ready):
+    engine = mlx_ready.engine
+    chat = [{"role": "system", "content": "You are terse. " * 20}, {"role": "user", "content": "hi"}]
+    await engine.submit(messages=chat, max_tokens=4).aresult()
+    held = engine.status()["prefix_cache"]
+    assert held["entries"] >= 1
+    r = await jp_fetch("mlx", "v1", "cache", method="DELETE")
+    body = json.loads(r.body)
+    assert body["entries"] == held["entries"] and body["bytes"] > 0
+    assert engine.status()["prefix_cache"]["entries"] == 0

@@ -1,0 +1,104 @@
+// The sidebar's chat box: a conversation with the shared engine, streamed, with Stop. The answer
+// is model output, so it is rendered as untrusted Markdown (JupyterLab's sanitizer drops any HTML
+// that could run), or as plain text where no renderer is available.
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
+
+import { ChatMessage, streamChat } from './api';
+
+const RENDER_MS = 100; // the answer is re-rendered at most this often while it streams
+
+export class ChatBox {
+  readonly node = document.createElement('div');
+  private log = document.createElement('div');
+  private input = document.createElement('textarea');
+  private send = document.createElement('button');
+  private stop = document.createElement('button');
+  private history: ChatMessage[] = [];
+  private running: AbortController | null = null;
+
+  constructor(private rendermime: IRenderMimeRegistry | null) {
+    this.node.className = 'mlx-nb-Chat';
+    this.log.className = 'mlx-nb-Chat-log';
+    this.input.className = 'mlx-nb-Chat-input';
+    this.input.placeholder = 'Ask the model (Enter sends, Shift+Enter for a new line)';
+    this.input.rows = 3;
+    this.send.className = 'jp-Button mlx-nb-Chat-send';
+    this.send.textContent = 'Send';
+    this.stop.className = 'jp-Button mlx-nb-Chat-stop';
+    this.stop.textContent = 'Stop';
+    this.stop.disabled = true;
+    const buttons = document.createElement('div');
+    buttons.className = 'mlx-nb-Chat-buttons';
+    buttons.append(this.send, this.stop);
+    this.node.append(this.log, this.input, buttons);
+    this.send.addEventListener('click', () => void this.ask());
+    this.stop.addEventListener('click', () => this.running?.abort());
+    this.input.addEventListener('keydown', event => {
+      if (event.key === 'Enter' && !event.shiftKey) {
+        event.preventDefault();
+        void this.ask();
+      }
+    });
+  }
+
+  private turn(role: string, text: string): HTMLElement {
+    const el = document.createElement('div');
+    el.className = `mlx-nb-Chat-turn mlx-nb-Chat-${role}`;
+    el.textContent = text;
+    this.log.append(el);
+    return el;
+  }
+
+  private async render(el: HTMLElement, text: string): Promise<void> {
+    if (this.rendermime === null) {
+      el.textContent = text;
+      return;
+    }
+    const model = this.rendermime.createModel({ data: { 'text/markdown': text }, trusted: false });
+    const renderer = this.rendermime.createRenderer('text/markdown');
+    await renderer.renderModel(model);
+    el.replaceChildren(renderer.node);
+  }
+
+  async ask(): Promise<void> {
+    const question = this.input.value.trim();
+    if (!question || this.running !== null) {
+      return;
+    }
+    this.input.value = '';
+    this.turn('user', question);
+    const answer = this.turn('assistant', '…');
+    this.history.push({ role: 'user', content: question });
+    this.running = new AbortController();
+    this.send.disabled = true;
+    this.stop.disabled = false;
+    let text = '';
+    let shown = 0;
+    let reason: string | null = null;
+    try {
+      reason = await streamChat(
+        this.history,
+        piece => {
+          text += piece;
+          if (Date.now() - shown > RENDER_MS) {
+            shown = Date.now();
+            void this.render(answer, text);
+          }
+        },
+        this.running.signal
+      );
+    } catch (err) {
+      reason = this.running.signal.aborted ? 'stopped' : `error: ${(err as Error).message}`;
+    }
+    await this.render(answer, text);
+    answer.dataset.finish = reason ?? 'stop';
+    const footer = document.createElement('div');
+    footer.className = 'mlx-nb-Chat-footer';
+    footer.textContent = reason === 'stopped' ? 'stopped' : reason === 'length' ? 'stopped at max tokens' : '';
+    answer.append(footer);
+    this.history.push({ role: 'assistant', content: text });
+    this.running = null;
+    this.send.disabled = false;
+    this.stop.disabled = true;
+  }
+}
