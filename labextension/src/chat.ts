@@ -22,9 +22,9 @@ export class ChatBox {
     this.input.className = 'mlx-nb-Chat-input';
     this.input.placeholder = 'Ask the model (Enter sends, Shift+Enter for a new line)';
     this.input.rows = 3;
-    this.send.className = 'jp-Button mlx-nb-Chat-send';
+    this.send.className = 'jp-Button mlx-nb-Button mlx-nb-Chat-send';
     this.send.textContent = 'Send';
-    this.stop.className = 'jp-Button mlx-nb-Chat-stop';
+    this.stop.className = 'jp-Button mlx-nb-Button mlx-nb-Chat-stop';
     this.stop.textContent = 'Stop';
     this.stop.disabled = true;
     const buttons = document.createElement('div');

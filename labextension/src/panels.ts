@@ -92,7 +92,7 @@ export class Sidebar extends Widget {
     progress.className = 'mlx-nb-Request-progress';
     progress.textContent = `${r.phase} · ${r.generated_tokens}/${r.max_tokens} tokens`;
     const abort = document.createElement('button');
-    abort.className = 'jp-Button mlx-nb-Request-abort';
+    abort.className = 'jp-Button mlx-nb-Button mlx-nb-Request-abort';
     abort.textContent = 'Abort';
     abort.title = `Abort request ${r.id}`;
     abort.addEventListener('click', () => {

@@ -140,12 +140,19 @@ def test_sidebar_chat_streams_and_stops(lab, page):
         assert worst >= 4.5, f"{where} ({worst:.2f})"
         _shot(page, "labext-light-02-chat")
 
-        box.locator(".mlx-nb-Chat-input").fill("Tell me a very long story.")
-        box.locator(".mlx-nb-Chat-send").click()
-        second = answers.nth(1)
-        expect(second).not_to_have_text("…", timeout=WAIT_S * MS)  # the first pieces came
-        box.locator(".mlx-nb-Chat-stop").click()
-        expect(second).to_have_attribute("data-finish", "stopped", timeout=WAIT_S * MS)
+        # A random tiny model may end an answer by itself before Stop lands: ask again, a few times.
+        stop = box.locator(".mlx-nb-Chat-stop")
+        for attempt in range(1, 6):
+            box.locator(".mlx-nb-Chat-input").fill(f"Tell me a very long story, take {attempt}.")
+            box.locator(".mlx-nb-Chat-send").click()
+            answer = answers.nth(attempt)
+            expect(answer).not_to_have_text("…", timeout=WAIT_S * MS)  # the first pieces came
+            if stop.is_enabled():
+                stop.click(timeout=2 * MS, force=True)
+            expect(answer).to_have_attribute("data-finish", re.compile("."), timeout=WAIT_S * MS)
+            if answer.get_attribute("data-finish") == "stopped":
+                break
+        assert answer.get_attribute("data-finish") == "stopped", "every answer ended before Stop landed"
         key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
         for _ in range(100):  # the engine ends it at its next step
             events = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0}, timeout=30, trust_env=False,
@@ -153,8 +160,8 @@ def test_sidebar_chat_streams_and_stops(lab, page):
             chats = [e["requests"][0] for e in events if e["kind"] == "insert"
                      and e["detail"].get("source") == "Lab sidebar chat"]
             reasons = {r: e["detail"].get("reason") for e in events if e["kind"] == "filter" for r in e["requests"]}
-            if len(chats) == 2 and chats[1] in reasons:
+            if len(chats) == attempt + 1 and chats[-1] in reasons:
                 break
             page.wait_for_timeout(100)
-        assert [reasons.get(c) for c in chats] == [reasons.get(chats[0]), "abort"], (chats, reasons)
+        assert reasons.get(chats[-1]) == "abort", (chats, reasons)
         assert not errors, errors
