@@ -159,3 +159,19 @@ export async function streamChat(
   }
   return finish;
 }
+
+/** A continuation of `prompt` (greedy, at most `maxTokens`), for inline completions. */
+export async function complete(prompt: string, maxTokens: number, signal: AbortSignal): Promise<string> {
+  const init: RequestInit = {
+    method: 'POST',
+    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stop: ['\n\n\n'] }),
+    headers: { 'Content-Type': 'application/json', 'X-MLX-Source': 'completer' },
+    signal
+  };
+  const response = await ServerConnection.makeRequest(url('completions'), init, settings);
+  if (!response.ok) {
+    throw new Error(`completions ${response.status}`);
+  }
+  const body = await response.json();
+  return body.choices?.[0]?.text ?? '';
+}

@@ -3,11 +3,13 @@
 // feeds them all (and, while the sidebar shows, one of the timeline picture).
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICompletionProviderManager } from '@jupyterlab/completer';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { abortRequest, clearPrefixCache, EngineStatus, fetchBatchPicture, fetchStatus } from './api';
 import { ChatBox } from './chat';
+import { EngineCompletions } from './completer';
 import { Sidebar, StatusItem, TIMELINE_LANES } from './panels';
 
 const POLL_MS = 1000;
@@ -20,14 +22,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'The shared MLX engine in the Lab: status bar, sidebar, abort.',
   autoStart: true,
   requires: [ILabShell],
-  optional: [IStatusBar, ICommandPalette, IRenderMimeRegistry],
+  optional: [IStatusBar, ICommandPalette, IRenderMimeRegistry, ICompletionProviderManager],
   activate: (
     app: JupyterFrontEnd,
     shell: ILabShell,
     statusBar: IStatusBar | null,
     palette: ICommandPalette | null,
-    rendermime: IRenderMimeRegistry | null
+    rendermime: IRenderMimeRegistry | null,
+    completions: ICompletionProviderManager | null
   ) => {
+    completions?.registerInlineProvider(new EngineCompletions());
     const sidebar = new Sidebar();
     sidebar.addPart(new ChatBox(rendermime).node);
     shell.add(sidebar, 'right', { rank: 900 });

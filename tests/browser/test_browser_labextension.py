@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from lab_server import MS, WAIT_S, Lab, _requirements, _shot, menu, watched
+from lab_server import MS, WAIT_S, Lab, _requirements, _shot, menu, open_notebook, watched
 from page_checks import weakest_contrast
 
 pytestmark = pytest.mark.browser
@@ -164,4 +164,37 @@ def test_sidebar_chat_streams_and_stops(lab, page):
                 break
             page.wait_for_timeout(100)
         assert reasons.get(chats[-1]) == "abort", (chats, reasons)
+        assert not errors, errors
+
+
+def test_inline_completion_in_a_code_cell_and_tab_accepts_it(tmp_path, page):
+    """Typing in a code cell shows the shared engine's continuation as ghost text (its request
+    shows in the batch as source "completer"); Tab accepts it into the cell."""
+    from playwright.sync_api import expect
+
+    _requirements()
+    with Lab(tmp_path, ["x = 1"], model="tiny-llama") as lab, watched(page, lab, "labext-99-inline-failure") as errors:
+        notebook, _ = open_notebook(lab, page)
+        editor = notebook.locator(".jp-Cell").first.locator(".cm-content")
+        editor.click()
+        page.keyboard.press("End")
+        typed = "\nprint('hello"
+        page.keyboard.type(typed, delay=30)
+        ghost = page.locator(".jp-GhostText")
+        try:
+            expect(ghost).to_have_count(1, timeout=20 * MS)  # as the user types (the inline completer's default)
+        except AssertionError:
+            page.keyboard.press("Alt+\\\\")  # or on request, as its shortcut asks
+            expect(ghost).to_have_count(1, timeout=WAIT_S * MS)
+        suggestion = ghost.inner_text()
+        assert suggestion
+        _shot(page, "labext-light-03-inline-completion")
+        page.keyboard.press("Tab")
+        expect(ghost).to_have_count(0, timeout=10 * MS)
+        text = editor.inner_text()
+        assert text.startswith("x = 1\nprint('hello") and len(text) > len("x = 1" + typed), text
+        key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+        events = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0}, timeout=30, trust_env=False,
+                           headers={"Authorization": f"Bearer {key}"}).json()
+        assert any(e["kind"] == "insert" and e["detail"].get("source") == "completer" for e in events)
         assert not errors, errors
