@@ -3,27 +3,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-export interface RequestStatus {
-  id: string;
-  phase: string;
-  prompt_tokens: number;
-  generated_tokens: number;
-  max_tokens: number;
-  source?: string | null;
-  label?: string | null;
-  tokens_per_s?: number | null;
-}
-
-export interface EngineStatus {
-  model: string;
-  ready: boolean;
-  loading: boolean;
-  error?: string | null;
-  load?: { phase?: string; done?: number; total?: number } | null;
-  batch_size?: number;
-  tokens_per_s?: number;
-  requests?: RequestStatus[];
-}
+import { cleanSvg, EngineStatus } from './data';
 
 const settings = ServerConnection.makeSettings();
 
@@ -49,25 +29,6 @@ export async function abortRequest(id: string): Promise<boolean> {
   return response.ok;
 }
 
-/** Requests still waiting for their turn (queued) or for their prompt (prefill). */
-export function waiting(status: EngineStatus): number {
-  return (status.requests ?? []).filter(r => r.phase === 'queued' || r.phase === 'prefill').length;
-}
-
-/** "loading 40%", "ready", "error": the engine's state in one word or two. */
-export function stateOf(status: EngineStatus): string {
-  if (status.error) {
-    return 'error';
-  }
-  if (status.loading) {
-    const load = status.load ?? {};
-    const done = load.done ?? 0;
-    const total = load.total ?? 0;
-    return total > 0 ? `loading ${Math.round((100 * done) / total)}%` : 'loading';
-  }
-  return status.ready ? 'ready' : 'starting';
-}
-
 /**
  * The batch timeline the notebook widget draws, drawn by the server from the same events. It is
  * inserted inline (so it takes the theme's colours), after removing anything that could run:
@@ -75,24 +36,7 @@ export function stateOf(status: EngineStatus): string {
  */
 export async function fetchBatchPicture(lanes: number): Promise<SVGSVGElement | null> {
   const response = await ServerConnection.makeRequest(url(`batch.svg?lanes=${lanes}`), {}, settings);
-  if (!response.ok) {
-    return null;
-  }
-  const doc = new DOMParser().parseFromString(await response.text(), 'image/svg+xml');
-  const svg = doc.documentElement;
-  if (!(svg instanceof SVGSVGElement)) {
-    return null;
-  }
-  svg.querySelectorAll('script, foreignObject').forEach(el => el.remove());
-  for (const el of [svg, ...Array.from(svg.querySelectorAll('*'))]) {
-    for (const attr of Array.from(el.attributes)) {
-      const value = attr.value.trim().toLowerCase();
-      if (attr.name.toLowerCase().startsWith('on') || value.startsWith('javascript:')) {
-        el.removeAttribute(attr.name);
-      }
-    }
-  }
-  return document.importNode(svg, true);
+  return response.ok ? cleanSvg(await response.text()) : null;
 }
 
 /** Empty the engine's prefix cache; what it held ({entries, bytes, ...}). */

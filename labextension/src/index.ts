@@ -7,7 +7,8 @@ import { ICompletionProviderManager } from '@jupyterlab/completer';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { abortRequest, clearPrefixCache, EngineStatus, fetchBatchPicture, fetchStatus } from './api';
+import { abortRequest, clearPrefixCache, fetchBatchPicture, fetchStatus } from './api';
+import { EngineStatus } from './data';
 import { ChatBox } from './chat';
 import { EngineCompletions } from './completer';
 import { Sidebar, StatusItem, TIMELINE_LANES } from './panels';

@@ -2,7 +2,8 @@
 // request labels and sources come from other notebooks and clients, so nothing is parsed as HTML.
 import { Widget } from '@lumino/widgets';
 
-import { abortRequest, EngineStatus, RequestStatus, stateOf, waiting } from './api';
+import { abortRequest } from './api';
+import { EngineStatus, RequestStatus, stateOf, waiting } from './data';
 
 export const TIMELINE_LANES = 12;
 

@@ -1,0 +1,62 @@
+// What the panels show, computed from the routes' data. No Lab imports: unit-tested with jest
+// (tests/data.test.ts) in a plain DOM.
+
+export interface RequestStatus {
+  id: string;
+  phase: string;
+  prompt_tokens: number;
+  generated_tokens: number;
+  max_tokens: number;
+  source?: string | null;
+  label?: string | null;
+  tokens_per_s?: number | null;
+}
+
+export interface EngineStatus {
+  model: string;
+  ready: boolean;
+  loading: boolean;
+  error?: string | null;
+  load?: { phase?: string; done?: number; total?: number } | null;
+  batch_size?: number;
+  tokens_per_s?: number;
+  requests?: RequestStatus[];
+}
+
+/** Requests still waiting for their turn (queued) or for their prompt (prefill). */
+export function waiting(status: EngineStatus): number {
+  return (status.requests ?? []).filter(r => r.phase === 'queued' || r.phase === 'prefill').length;
+}
+
+/** "loading 40%", "ready", "error": the engine's state in one word or two. */
+export function stateOf(status: EngineStatus): string {
+  if (status.error) {
+    return 'error';
+  }
+  if (status.loading) {
+    const load = status.load ?? {};
+    const done = load.done ?? 0;
+    const total = load.total ?? 0;
+    return total > 0 ? `loading ${Math.round((100 * done) / total)}%` : 'loading';
+  }
+  return status.ready ? 'ready' : 'starting';
+}
+
+/** An SVG document's root, without anything that could run; null if it is not an SVG. */
+export function cleanSvg(text: string): SVGSVGElement | null {
+  const doc = new DOMParser().parseFromString(text, 'image/svg+xml');
+  const svg = doc.documentElement;
+  if (svg.nodeName.toLowerCase() !== 'svg' || doc.querySelector('parsererror')) {
+    return null;
+  }
+  svg.querySelectorAll('script, foreignObject, foreignobject').forEach(el => el.remove());
+  for (const el of [svg, ...Array.from(svg.querySelectorAll('*'))]) {
+    for (const attr of Array.from(el.attributes)) {
+      const value = attr.value.replace(/\s+/g, '').toLowerCase();
+      if (attr.name.toLowerCase().startsWith('on') || value.startsWith('javascript:')) {
+        el.removeAttribute(attr.name);
+      }
+    }
+  }
+  return document.importNode(svg, true) as unknown as SVGSVGElement;
+}

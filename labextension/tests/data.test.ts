@@ -1,0 +1,54 @@
+// What the browser tests do not reach: every engine state the status bar can name, the queue
+// count, and the SVG cleaning against hostile pictures.
+import { cleanSvg, EngineStatus, stateOf, waiting } from '../src/data';
+
+const base: EngineStatus = { model: 'm', ready: true, loading: false, requests: [] };
+
+describe('stateOf', () => {
+  it('names loading with its progress, ready, starting and error', () => {
+    expect(stateOf({ ...base, ready: false, loading: true, load: { done: 3, total: 4 } })).toBe('loading 75%');
+    expect(stateOf({ ...base, ready: false, loading: true, load: null })).toBe('loading');
+    expect(stateOf(base)).toBe('ready');
+    expect(stateOf({ ...base, ready: false })).toBe('starting');
+    expect(stateOf({ ...base, ready: false, error: 'no such model' })).toBe('error');
+  });
+});
+
+describe('waiting', () => {
+  it('counts queued and prefilling requests, not decoding ones', () => {
+    const r = (phase: string) => ({ id: phase, phase, prompt_tokens: 1, generated_tokens: 0, max_tokens: 8 });
+    expect(waiting({ ...base, requests: [r('queued'), r('prefill'), r('decode'), r('decode')] })).toBe(2);
+    expect(waiting({ ...base, requests: undefined })).toBe(0);
+  });
+});
+
+describe('cleanSvg', () => {
+  it('keeps the picture and its text', () => {
+    const svg = cleanSvg('<svg xmlns="http://www.w3.org/2000/svg" class="mlx-batch"><g class="lane"><text>hi</text></g></svg>');
+    expect(svg).not.toBeNull();
+    expect(svg!.querySelectorAll('g.lane')).toHaveLength(1);
+    expect(svg!.textContent).toBe('hi');
+  });
+
+  it('drops scripts, foreign objects, handlers and script URLs', () => {
+    const svg = cleanSvg(
+      '<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)">' +
+        '<script>alert(2)</script>' +
+        '<foreignObject><div xmlns="http://www.w3.org/1999/xhtml">x</div></foreignObject>' +
+        '<a href=" JavaScript:alert(3)"><rect onclick="alert(4)" width="1" height="1"/></a>' +
+        '<text>kept</text></svg>'
+    );
+    expect(svg).not.toBeNull();
+    const html = svg!.outerHTML.toLowerCase();
+    expect(html).not.toContain('script>');
+    expect(html).not.toContain('alert');
+    expect(html).not.toContain('foreignobject');
+    expect(svg!.querySelector('rect')).not.toBeNull();
+    expect(svg!.textContent).toBe('kept');
+  });
+
+  it('refuses what is not an SVG', () => {
+    expect(cleanSvg('<html><body>no</body></html>')).toBeNull();
+    expect(cleanSvg('not xml at all <')).toBeNull();
+  });
+});
