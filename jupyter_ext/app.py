@@ -37,6 +37,7 @@ ROUTES = [
     (r"mlx/v1/health", monitor.HealthHandler),
     (r"mlx/v1/requests/([^/]+)", control.RequestHandler),
     (r"mlx/v1/batch\.svg", monitor.BatchPictureHandler),
+    (r"mlx/v1/cache\.svg", monitor.CachePictureHandler),
     (r"mlx/v1(/.*)?", monitor.NotFoundHandler),  # JSON 404s instead of Jupyter's HTML page
     (r"mlx/?", monitor.BaseURLHandler),  # the base URL Claude Code probes
 ]

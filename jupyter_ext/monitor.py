@@ -1,5 +1,5 @@
-"""The observing routes: status, cache layout, batch events (SSE or JSON), the batch timeline as a
-picture (`batch.svg`, for the Lab's sidebar), health, and JSON 404s.
+"""The observing routes: status, cache layout, batch events (SSE or JSON), the batch timeline and a
+request's cache as pictures (`batch.svg`, `cache.svg`: the Lab's sidebar), health, and JSON 404s.
 
 With `backend_url` set they show what the backend exposes (`jupyter_ext.proxy`) and say plainly
 what it does not. Engine calls that wait for the engine thread (`status`, `cache_layout`: up to one batch step) run
@@ -167,6 +167,28 @@ class BatchPictureHandler(MLXHandler):
         events = self.engine().events(0)
         self.set_header("Cache-Control", "no-store")
         self.finish(build_batch_svg(events, max_lanes=int(raw)), set_content_type="image/svg+xml; charset=utf-8")
+
+
+class CachePictureHandler(MLXHandler):
+    """`cache.svg?request_id=ID`: a live request's cache as the CacheInspector widget draws it (rows x
+    positions per layer type, then bytes per layer), from the same layout; without an id, a fresh
+    cache. An id that is not live is a 404."""
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        from mlx_nb.widgets.svg_cache import build_cache_svg
+
+        if self.ext.remote is not None:
+            raise not_found("this server relays a backend: its caches are the backend's")
+        request_id = self.get_argument("request_id", None) or None
+        engine = self.ready_engine()
+        try:
+            layout = await asyncio.to_thread(engine.cache_layout, request_id)
+        except KeyError as exc:
+            raise not_found(str(exc.args[0]) if exc.args else f"no live request {request_id!r}") from None
+        self.set_header("Cache-Control", "no-store")
+        self.finish(build_cache_svg(layout), set_content_type="image/svg+xml; charset=utf-8")
 
 
 class HealthHandler(MLXHandler):

@@ -39,6 +39,16 @@ export async function fetchBatchPicture(lanes: number): Promise<SVGSVGElement | 
   return response.ok ? cleanSvg(await response.text()) : null;
 }
 
+/** A live request's cache as the CacheInspector widget draws it; null once it has ended. */
+export async function fetchCachePicture(id: string): Promise<SVGSVGElement | null> {
+  const response = await ServerConnection.makeRequest(
+    url(`cache.svg?request_id=${encodeURIComponent(id)}`),
+    {},
+    settings
+  );
+  return response.ok ? cleanSvg(await response.text()) : null;
+}
+
 /** Empty the engine's prefix cache; what it held ({entries, bytes, ...}). */
 export async function clearPrefixCache(): Promise<{ entries: number; bytes: number }> {
   const response = await ServerConnection.makeRequest(url('cache'), { method: 'DELETE' }, settings);

@@ -7,7 +7,7 @@ import { ICompletionProviderManager } from '@jupyterlab/completer';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { abortRequest, clearPrefixCache, fetchBatchPicture, fetchStatus } from './api';
+import { abortRequest, clearPrefixCache, fetchBatchPicture, fetchCachePicture, fetchStatus } from './api';
 import { EngineStatus } from './data';
 import { ChatBox } from './chat';
 import { EngineCompletions } from './completer';
@@ -66,6 +66,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         sidebar.show_(latest);
         if (sidebar.isVisible && latest.ready) {
           sidebar.showTimeline(await fetchBatchPicture(TIMELINE_LANES));
+          if (sidebar.selected !== null) {
+            sidebar.showCache(await fetchCachePicture(sidebar.selected));
+          }
         }
       } catch (err) {
         latest = null;

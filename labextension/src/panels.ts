@@ -40,6 +40,9 @@ export class Sidebar extends Widget {
   private header = document.createElement('div');
   private list = document.createElement('ul');
   private timeline = document.createElement('div');
+  private cache = document.createElement('div');
+  /** The request whose cache is shown (a row was clicked), while it is live. */
+  selected: string | null = null;
 
   constructor() {
     super();
@@ -50,12 +53,23 @@ export class Sidebar extends Widget {
     this.header.className = 'mlx-nb-Sidebar-header';
     this.list.className = 'mlx-nb-Sidebar-requests';
     this.timeline.className = 'mlx-nb-Sidebar-timeline';
-    this.node.append(this.header, this.list, this.timeline);
+    this.cache.className = 'mlx-nb-Sidebar-cache';
+    this.node.append(this.header, this.list, this.cache, this.timeline);
   }
 
   /** A part below the requests (the chat box). */
   addPart(node: HTMLElement): void {
     this.node.insertBefore(node, this.timeline);
+  }
+
+  /** The selected request's cache (rows x positions per layer type), or nothing once it ended. */
+  showCache(picture: SVGSVGElement | null): void {
+    if (picture === null) {
+      this.selected = null;
+      this.cache.replaceChildren();
+    } else {
+      this.cache.replaceChildren(picture);
+    }
   }
 
   /** The batch timeline (every request of every notebook and client, joining and leaving). */
@@ -80,9 +94,15 @@ export class Sidebar extends Widget {
 
   private row(r: RequestStatus): HTMLElement {
     const li = document.createElement('li');
-    li.className = 'mlx-nb-Request';
+    li.className = 'mlx-nb-Request' + (r.id === this.selected ? ' mlx-nb-mod-selected' : '');
     li.dataset.id = r.id;
     li.dataset.phase = r.phase;
+    li.title = 'Click to show this request\'s cache';
+    li.addEventListener('click', () => {
+      this.selected = r.id;
+      this.list.querySelectorAll('.mlx-nb-Request').forEach(el => el.classList.remove('mlx-nb-mod-selected'));
+      li.classList.add('mlx-nb-mod-selected');
+    });
     const who = document.createElement('div');
     who.className = 'mlx-nb-Request-source';
     who.textContent = r.source || 'unknown source';
@@ -96,7 +116,8 @@ export class Sidebar extends Widget {
     abort.className = 'jp-Button mlx-nb-Button mlx-nb-Request-abort';
     abort.textContent = 'Abort';
     abort.title = `Abort request ${r.id}`;
-    abort.addEventListener('click', () => {
+    abort.addEventListener('click', event => {
+      event.stopPropagation(); // aborting is not selecting
       abort.disabled = true;
       void abortRequest(r.id);
     });

@@ -97,6 +97,11 @@ def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
         assert worst >= 4.5, f"light theme: {where} ({worst:.2f})"
         _shot(page, "labext-light-01-two-notebooks")
 
+        rows.filter(has_text=NOTEBOOKS[1]).locator(".mlx-nb-Request-source").click()  # select: its cache shows
+        cache = sidebar.locator("svg.mlx-cache")
+        expect(cache.locator("g.grid").first).to_be_visible(timeout=WAIT_S * MS)
+        assert "request " in cache.inner_html() and short_one.get("id", "") in cache.inner_html()
+
         rows.filter(has_text=NOTEBOOKS[0]).locator(".mlx-nb-Request-abort").click()
         threads[0].join(WAIT_S)
         assert long_one["reasons"] == ["stop"], long_one  # the wire's word for it: its budget was 20,000
@@ -112,6 +117,14 @@ def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
                                                             ".mlx-nb-Sidebar-header, .mlx-nb-Request-abort"))
             assert worst >= 4.5, f"dark theme: {where} ({worst:.2f})"
         _shot(page, "labext-dark-01-one-left")
+
+        menu(page, "Settings", "Theme", "JupyterLab Dark High Contrast")
+        expect(page.locator("body[data-jp-theme-name='JupyterLab Dark High Contrast']")).to_have_count(
+            1, timeout=60 * MS)
+        page.wait_for_timeout(1000)
+        worst, where = weakest_contrast(sidebar.locator(".mlx-nb-Sidebar-header, .mlx-nb-Chat-send, .mlx-nb-Chat-input"))
+        assert worst >= 4.5, f"high contrast theme: {where} ({worst:.2f})"
+        _shot(page, "labext-high-contrast-01")
 
         threads[1].join(WAIT_S)
         assert short_one["reasons"] == ["length"], short_one  # the other one completed its budget

@@ -1,6 +1,7 @@
 """`batch.svg`: the batch timeline the notebook widget draws, served for the Lab's sidebar from the
 engine's own events, through a real in-process Jupyter server."""
 
+import asyncio
 import json
 
 import pytest
@@ -28,3 +29,22 @@ async def test_a_bad_lane_count_is_a_400(jp_fetch, mlx_ready, lanes):
     with pytest.raises(HTTPClientError) as err:
         await jp_fetch("mlx", "v1", "batch.svg", params={"lanes": lanes})
     assert err.value.code == 400 and "lanes" in json.loads(err.value.response.body)["error"]["message"]
+
+
+async def test_a_live_requests_cache_picture(jp_fetch, mlx_ready):
+    engine = mlx_ready.engine
+    eos = engine.loaded.tokenizer.eos_token_ids
+    handle = engine.submit(prompt="a question long enough to hold some cache", max_tokens=3000,
+                           logit_bias={t: -100 for t in eos})
+    await asyncio.to_thread(lambda: next(iter(handle)))
+    r = await jp_fetch("mlx", "v1", "cache.svg", params={"request_id": handle.id})
+    svg = r.body.decode()
+    assert r.headers["Content-Type"].startswith("image/svg+xml")
+    assert svg.startswith("<svg") and f"request {handle.id}" in svg and 'class="grid"' in svg
+    handle.abort()
+    await handle.aresult()
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("mlx", "v1", "cache.svg", params={"request_id": handle.id})
+    assert err.value.code == 404
+    fresh = await jp_fetch("mlx", "v1", "cache.svg")
+    assert fresh.body.decode().startswith("<svg")
