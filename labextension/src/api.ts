@@ -58,9 +58,11 @@ export async function clearPrefixCache(): Promise<{ entries: number; bytes: numb
   return await response.json();
 }
 
+export type ContentPart = { type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } };
+
 export interface ChatMessage {
   role: 'user' | 'assistant';
-  content: string;
+  content: string | ContentPart[];
 }
 
 /**

@@ -1,9 +1,11 @@
-// The sidebar's chat box: a conversation with the shared engine, streamed, with Stop. The answer
-// is model output, so it is rendered as untrusted Markdown (JupyterLab's sanitizer drops any HTML
-// that could run), or as plain text where no renderer is available.
+// The sidebar's chat box: a conversation with the shared engine, streamed, with Stop; images go
+// with the next question by pasting or dropping them on the box (for a vision model; a text model
+// answers with the route's one-line error). The answer is model output, so it is rendered as
+// untrusted Markdown (JupyterLab's sanitizer drops any HTML that could run), or as plain text
+// where no renderer is available.
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 
-import { ChatMessage, streamChat } from './api';
+import { ChatMessage, ContentPart, streamChat } from './api';
 
 const RENDER_MS = 100; // the answer is re-rendered at most this often while it streams
 
@@ -15,6 +17,8 @@ export class ChatBox {
   private stop = document.createElement('button');
   private history: ChatMessage[] = [];
   private running: AbortController | null = null;
+  private images: string[] = []; // data: URLs waiting for the next question
+  private attached = document.createElement('div');
 
   constructor(private rendermime: IRenderMimeRegistry | null) {
     this.node.className = 'mlx-nb-Chat';
@@ -30,7 +34,11 @@ export class ChatBox {
     const buttons = document.createElement('div');
     buttons.className = 'mlx-nb-Chat-buttons';
     buttons.append(this.send, this.stop);
-    this.node.append(this.log, this.input, buttons);
+    this.attached.className = 'mlx-nb-Chat-attached';
+    this.node.append(this.log, this.attached, this.input, buttons);
+    this.input.addEventListener('paste', event => this.take(event.clipboardData?.files, event));
+    this.input.addEventListener('dragover', event => event.preventDefault());
+    this.input.addEventListener('drop', event => this.take(event.dataTransfer?.files, event));
     this.send.addEventListener('click', () => void this.ask());
     this.stop.addEventListener('click', () => this.running?.abort());
     this.input.addEventListener('keydown', event => {
@@ -39,6 +47,28 @@ export class ChatBox {
         void this.ask();
       }
     });
+  }
+
+  /** Images pasted or dropped: read as data: URLs, shown as thumbnails until the question goes. */
+  private take(files: FileList | undefined | null, event: Event): void {
+    const images = Array.from(files ?? []).filter(f => f.type.startsWith('image/'));
+    if (!images.length) {
+      return;
+    }
+    event.preventDefault();
+    for (const file of images) {
+      const reader = new FileReader();
+      reader.onload = () => {
+        const url = String(reader.result);
+        this.images.push(url);
+        const thumb = document.createElement('img');
+        thumb.className = 'mlx-nb-Chat-thumb';
+        thumb.alt = file.name;
+        thumb.src = url;
+        this.attached.append(thumb);
+      };
+      reader.readAsDataURL(file);
+    }
   }
 
   private turn(role: string, text: string): HTMLElement {
@@ -66,9 +96,21 @@ export class ChatBox {
       return;
     }
     this.input.value = '';
-    this.turn('user', question);
+    const asked = this.turn('user', question);
     const answer = this.turn('assistant', '…');
+    const parts: ContentPart[] = this.images.map(url => ({ type: 'image_url', image_url: { url } }));
+    if (parts.length) {
+      asked.append(...Array.from(this.attached.children)); // the thumbnails go with their question
+      asked.dataset.images = String(parts.length);
+    }
+    this.images = [];
+    // earlier turns keep their text only: images are sent once, with their own question
+    const earlier = this.history.map(m => ({ ...m, content: textOf(m.content) }));
     this.history.push({ role: 'user', content: question });
+    const messages: ChatMessage[] = [
+      ...earlier,
+      { role: 'user', content: parts.length ? [...parts, { type: 'text', text: question }] : question }
+    ];
     this.running = new AbortController();
     this.send.disabled = true;
     this.stop.disabled = false;
@@ -77,7 +119,7 @@ export class ChatBox {
     let reason: string | null = null;
     try {
       reason = await streamChat(
-        this.history,
+        messages,
         piece => {
           text += piece;
           if (Date.now() - shown > RENDER_MS) {
@@ -94,11 +136,16 @@ export class ChatBox {
     answer.dataset.finish = reason ?? 'stop';
     const footer = document.createElement('div');
     footer.className = 'mlx-nb-Chat-footer';
-    footer.textContent = reason === 'stopped' ? 'stopped' : reason === 'length' ? 'stopped at max tokens' : '';
+    footer.textContent =
+      reason === 'stopped' ? 'stopped' : reason === 'length' ? 'stopped at max tokens' : reason?.startsWith('error') ? reason : '';
     answer.append(footer);
     this.history.push({ role: 'assistant', content: text });
     this.running = null;
     this.send.disabled = false;
     this.stop.disabled = true;
   }
+}
+
+function textOf(content: string | ContentPart[]): string {
+  return typeof content === 'string' ? content : content.map(p => (p.type === 'text' ? p.text : '')).join('');
 }

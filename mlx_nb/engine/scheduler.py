@@ -129,6 +129,7 @@ class BatchRunner:
             cache_types=[cache_type_name(c) for c in caches] if caches else None,
             source=live.extra.get("source"),
             label=live.extra.get("label"),
+            images=len(live.images),
         )
 
     @staticmethod

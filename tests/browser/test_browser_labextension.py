@@ -211,3 +211,52 @@ def test_inline_completion_in_a_code_cell_and_tab_accepts_it(tmp_path, page):
                            headers={"Authorization": f"Bearer {key}"}).json()
         assert any(e["kind"] == "insert" and e["detail"].get("source") == "completer" for e in events)
         assert not errors, errors
+
+
+PNG_JS = """(b64) => {
+  const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+  const transfer = new DataTransfer();
+  transfer.items.add(new File([bytes], 'picture.png', {type: 'image/png'}));
+  return transfer;
+}"""
+
+
+def test_sidebar_chat_takes_a_dropped_image_to_a_vision_model(tmp_path, page):
+    """An image dropped on the chat box goes with the next question (a thumbnail shows with it):
+    the vision model's prompt grows by the image's tokens, and the answer streams in."""
+    import base64
+    import io
+
+    from playwright.sync_api import expect
+
+    from mlx_nb.compat.vision_check import picture
+
+    _requirements()
+    buf = io.BytesIO()
+    picture(56, 42, 7).save(buf, format="PNG")
+    with Lab(tmp_path, ["1 + 1"], model="tiny-qwen2-vl") as lab, watched(page, lab, "labext-99-image-failure") as errors:
+        page.goto(f"{lab.base}/lab?token={lab.token}", wait_until="domcontentloaded", timeout=60 * MS)
+        item = page.locator(".mlx-nb-StatusItem")
+        expect(item).to_contain_text("tiny-qwen2-vl · ready", timeout=WAIT_S * MS)
+        item.click()
+        box = page.locator("#mlx-nb-sidebar .mlx-nb-Chat")
+        field = box.locator(".mlx-nb-Chat-input")
+        answers = box.locator(".mlx-nb-Chat-assistant")
+        field.fill("Describe it.")
+        field.press("Enter")
+        expect(answers.nth(0)).to_have_attribute("data-finish", re.compile("stop|length"), timeout=WAIT_S * MS)
+
+        transfer = page.evaluate_handle(PNG_JS, base64.b64encode(buf.getvalue()).decode())
+        field.dispatch_event("drop", {"dataTransfer": transfer})
+        expect(box.locator(".mlx-nb-Chat-attached .mlx-nb-Chat-thumb")).to_have_count(1, timeout=10 * MS)
+        field.fill("Describe it.")
+        field.press("Enter")
+        expect(answers.nth(1)).to_have_attribute("data-finish", re.compile("stop|length"), timeout=WAIT_S * MS)
+        expect(box.locator(".mlx-nb-Chat-user").nth(1).locator("img.mlx-nb-Chat-thumb")).to_have_count(1)
+        _shot(page, "labext-light-04-chat-image")
+        key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+        events = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0}, timeout=30, trust_env=False,
+                           headers={"Authorization": f"Bearer {key}"}).json()
+        inserts = [e["detail"] for e in events if e["kind"] == "insert" and e["detail"].get("source") == "Lab sidebar chat"]
+        assert [d["images"] for d in inserts] == [0, 1], inserts  # the image went with the second question only
+        assert not errors, errors
