@@ -15,7 +15,11 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 fi
 cd "$SRC"
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
-    npm ci --no-audit --no-fund --silent
+    for attempt in 1 2 3; do  # the registry can drop a connection: try again before failing the build
+        npm ci --no-audit --no-fund --silent && break
+        [ "$attempt" = 3 ] && { echo "labextension: npm ci failed three times (is the npm registry reachable?)"; exit 1; }
+        sleep $((attempt * 5))
+    done
     touch node_modules
 fi
 CORE_PATH=$("$BIN/python" -c "import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), 'staging'))")

@@ -104,6 +104,9 @@ export async function streamChat(
           continue;
         }
         const chunk = JSON.parse(line.slice(6));
+        if (chunk.error) {
+          throw new Error(chunk.error.message ?? 'generation failed'); // an engine error mid-stream
+        }
         for (const choice of chunk.choices ?? []) {
           if (choice.delta?.content) {
             onText(choice.delta.content);
