@@ -60,3 +60,8 @@ export function cleanSvg(text: string): SVGSVGElement | null {
   }
   return document.importNode(svg, true) as unknown as SVGSVGElement;
 }
+
+/** A model served from a folder is named by the folder, not its whole path. */
+export function shortName(model: string): string {
+  return model.replace(/\/+$/, '').split('/').pop() || model;
+}

@@ -3,9 +3,10 @@
 import { Widget } from '@lumino/widgets';
 
 import { abortRequest } from './api';
-import { EngineStatus, RequestStatus, stateOf, waiting } from './data';
+import { EngineStatus, RequestStatus, shortName, stateOf, waiting } from './data';
 
 export const TIMELINE_LANES = 12;
+
 
 /** One line: model · state · batch · queue · tokens/s. Clicking it runs `onClick`. */
 export class StatusItem extends Widget {
@@ -24,7 +25,7 @@ export class StatusItem extends Widget {
       return;
     }
     const state = stateOf(status);
-    const parts = [`MLX · ${status.model} · ${state}`];
+    const parts = [`MLX · ${shortName(status.model)} · ${state}`];
     if (status.ready) {
       parts.push(`batch ${status.batch_size ?? 0}`, `queue ${waiting(status)}`);
       parts.push(`${(status.tokens_per_s ?? 0).toFixed(1)} tok/s`);
@@ -87,7 +88,7 @@ export class Sidebar extends Widget {
     }
     const requests = status.requests ?? [];
     this.header.textContent =
-      `${status.model} · ${stateOf(status)} · batch ${status.batch_size ?? 0} · ` +
+      `${shortName(status.model)} · ${stateOf(status)} · batch ${status.batch_size ?? 0} · ` +
       `queue ${waiting(status)} · ${requests.length} running`;
     this.list.replaceChildren(...requests.map(r => this.row(r)));
   }

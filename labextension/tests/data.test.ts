@@ -1,6 +1,6 @@
 // What the browser tests do not reach: every engine state the status bar can name, the queue
 // count, and the SVG cleaning against hostile pictures.
-import { cleanSvg, EngineStatus, stateOf, waiting } from '../src/data';
+import { cleanSvg, EngineStatus, shortName, stateOf, waiting } from '../src/data';
 
 const base: EngineStatus = { model: 'm', ready: true, loading: false, requests: [] };
 
@@ -50,5 +50,13 @@ describe('cleanSvg', () => {
   it('refuses what is not an SVG', () => {
     expect(cleanSvg('<html><body>no</body></html>')).toBeNull();
     expect(cleanSvg('not xml at all <')).toBeNull();
+  });
+});
+
+describe('shortName', () => {
+  it('names a model served from a folder by the folder', () => {
+    expect(shortName('/tmp/models/long-llama')).toBe('long-llama');
+    expect(shortName('/tmp/models/long-llama/')).toBe('long-llama');
+    expect(shortName('smollm2-135m-instruct')).toBe('smollm2-135m-instruct');
   });
 });

@@ -1,7 +1,7 @@
 """The Lab's own view of the shared engine (labextension/), in a real browser.
 
 `make lab` / `make test` build the extension and link it into the venv (scripts/build-labextension.sh),
-so `jupyter labextension list` lists it enabled. A `jupyter lab` process serves tiny-llama; two
+so `jupyter labextension list` lists it enabled. A `jupyter lab` process serves a tiny llama; two
 clients chat at once, each naming its notebook (X-MLX-Source, as mlx_nb's Client does): the status
 bar shows batch 2, the MLX sidebar lists both by notebook, and its Abort button ends one while the
 other completes. Text contrast is measured in the light and the dark theme; screenshots land in
@@ -42,8 +42,13 @@ def extension_installed() -> None:
 
 @pytest.fixture
 def lab(tmp_path):
+    """A tiny llama with a 64k context: its chats outlast every step of a test on a loaded machine."""
+    from mlx_nb.compat.configs import write_tiny
+
     extension_installed()
-    with Lab(tmp_path, ["1 + 1"], model="tiny-llama") as server:
+    model = write_tiny("llama", tmp_path / "long-llama", 7, {"max_position_embeddings": 65536})
+    (tmp_path / "lab").mkdir()
+    with Lab(tmp_path / "lab", ["1 + 1"], model=str(model)) as server:
         yield server
 
 
@@ -78,11 +83,11 @@ def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
     with watched(page, lab) as errors:
         page.goto(f"{lab.base}/lab?token={lab.token}", wait_until="domcontentloaded", timeout=60 * MS)
         item = page.locator(".mlx-nb-StatusItem")
-        expect(item).to_contain_text("tiny-llama · ready", timeout=WAIT_S * MS)
+        expect(item).to_contain_text("long-llama · ready", timeout=WAIT_S * MS)
 
         long_one, short_one = {}, {}
-        threads = [threading.Thread(target=chat, args=(lab, NOTEBOOKS[0], 20000, long_one)),
-                   threading.Thread(target=chat, args=(lab, NOTEBOOKS[1], 6000, short_one))]
+        threads = [threading.Thread(target=chat, args=(lab, NOTEBOOKS[0], 60000, long_one)),
+                   threading.Thread(target=chat, args=(lab, NOTEBOOKS[1], 12000, short_one))]
         for t in threads:
             t.start()
         expect(page.locator(".mlx-nb-StatusItem[data-batch='2']")).to_have_count(1, timeout=WAIT_S * MS)
@@ -113,7 +118,7 @@ def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
 
         rows.filter(has_text=NOTEBOOKS[0]).locator(".mlx-nb-Request-abort").click()
         threads[0].join(WAIT_S)
-        assert long_one["reasons"] == ["stop"], long_one  # the wire's word for it: its budget was 20,000
+        assert long_one["reasons"] == ["stop"], long_one  # the wire's word for it: its budget was 60,000
         assert ended(lab, long_one["id"]) == "abort"  # and the engine's
         expect(rows).to_have_count(1, timeout=WAIT_S * MS)
         expect(rows.first.locator(".mlx-nb-Request-source")).to_have_text(NOTEBOOKS[1])
@@ -150,7 +155,7 @@ def test_sidebar_chat_streams_and_stops(lab, page):
     with watched(page, lab, "labext-99-chat-failure") as errors:
         page.goto(f"{lab.base}/lab?token={lab.token}", wait_until="domcontentloaded", timeout=60 * MS)
         item = page.locator(".mlx-nb-StatusItem")
-        expect(item).to_contain_text("tiny-llama · ready", timeout=WAIT_S * MS)
+        expect(item).to_contain_text("long-llama · ready", timeout=WAIT_S * MS)
         item.click()
         box = page.locator("#mlx-nb-sidebar .mlx-nb-Chat")
         box.locator(".mlx-nb-Chat-input").fill("What is the capital of France?")
