@@ -67,23 +67,29 @@ class Constraint:
                            self.field)
 
 
+def _per_model(loaded, name: str, make) -> Any:
+    """`make()` once per loaded model, kept with the model it reads."""
+    if getattr(loaded, name, None) is None:
+        setattr(loaded, name, make())
+    return getattr(loaded, name)
+
+
 def llg_tokenizer(loaded) -> Any:
     """llguidance's view of the model's tokenizer, made once per loaded model (its stop tokens are
     the engine's, so a finished grammar ends the request as a stop token does)."""
-    cached = getattr(loaded, "_llg_tokenizer", None)
-    if cached is not None:
-        return cached
-    import llguidance.hf
 
-    hf = getattr(loaded.tokenizer, "_tokenizer", loaded.tokenizer)
-    eos = sorted(getattr(loaded.tokenizer, "eos_token_ids", None) or []) or None
-    try:
-        made = llguidance.hf.from_tokenizer(hf, n_vocab=loaded.vocab_size, eos_token=eos)
-    except Exception as exc:
-        raise RequestError(f"constrained decoding is not available for {loaded.name}: its tokenizer cannot be "
-                           f"read by llguidance ({_line(exc)})", "response_format") from None
-    loaded._llg_tokenizer = made  # kept with the model it reads
-    return made
+    def make():
+        import llguidance.hf
+
+        hf = getattr(loaded.tokenizer, "_tokenizer", loaded.tokenizer)
+        eos = sorted(getattr(loaded.tokenizer, "eos_token_ids", None) or []) or None
+        try:
+            return llguidance.hf.from_tokenizer(hf, n_vocab=loaded.vocab_size, eos_token=eos)
+        except Exception as exc:
+            raise RequestError(f"constrained decoding is not available for {loaded.name}: its tokenizer cannot be "
+                               f"read by llguidance ({_line(exc)})", "response_format") from None
+
+    return _per_model(loaded, "_llg_tokenizer", make)
 
 
 def processor_for(loaded, constraint: Constraint) -> "GrammarProcessor":
@@ -137,14 +143,14 @@ class JsonDigits:
 
 def _digit_tokens(loaded):
     """Per token id: whether its text starts with a digit (once per model)."""
-    cached = getattr(loaded, "_digit_tokens", None)
-    if cached is None:
+
+    def make():
         import numpy as np
 
         decode = loaded.tokenizer.decode
-        cached = np.array([decode([i])[:1].isdigit() for i in range(loaded.vocab_size or 0)], dtype=np.uint8)
-        loaded._digit_tokens = cached
-    return cached
+        return np.array([decode([i])[:1].isdigit() for i in range(loaded.vocab_size or 0)], dtype=np.uint8)
+
+    return _per_model(loaded, "_digit_tokens", make)
 
 
 class GrammarProcessor:
@@ -169,14 +175,15 @@ class GrammarProcessor:
         import mlx.core as mx
         import numpy as np
 
-        n = len(tokens)
         if self.start is None:
-            self.start = n
-        new = [int(t) for t in np.asarray(tokens[self.start + self.consumed:])] if n > self.start + self.consumed else []
+            self.start = len(tokens)
+        seen = self.start + self.consumed
+        new = np.asarray(tokens[seen:]).tolist() if len(tokens) > seen else []
         if new:
             self.matcher.consume_tokens(new)
             self.consumed += len(new)
-            for t in new if self.digits is not None else ():
+        if self.digits is not None:
+            for t in new:
                 self.digits.feed(t)
         if self.matcher.is_error():
             raise ValueError(f"the output can no longer match its grammar: {self.matcher.get_error()}")
