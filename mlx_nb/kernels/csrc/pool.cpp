@@ -81,9 +81,16 @@ void Pool::work(int) {
     }
     seen = gen;
     if (stop_.load()) return;
-    run_tasks();
-    busy_.fetch_sub(1);
+    join(gen);
   }
+}
+
+void Pool::join(uint64_t gen) {
+  // Join only the job this generation opened, and only while it is open: the caller closes it
+  // before it waits, and waits for exactly the workers inside (seq_cst on both sides).
+  inside_.fetch_add(1);
+  if (open_.load() && generation_.load() == gen) run_tasks();
+  inside_.fetch_sub(1);
 }
 
 void Pool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
@@ -93,17 +100,19 @@ void Pool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
     return;
   }
   std::lock_guard<std::mutex> guard(call_mutex_);
+  while (inside_.load() != 0) MLXNB_PAUSE();  // a worker late for the last job is on its way out
   fn_ = &fn;
   n_ = n;
   next_.store(0);
-  busy_.store(static_cast<int>(workers_.size()));
+  open_.store(true);
   generation_.fetch_add(1);
   if (sleeping_.load() > 0) {
     std::lock_guard<std::mutex> lock(sleep_mutex_);
     wake_.notify_all();
   }
   run_tasks();
-  while (busy_.load() != 0) MLXNB_PAUSE();
+  open_.store(false);
+  while (inside_.load() != 0) MLXNB_PAUSE();  // the tasks workers took are done when they leave
 }
 
 }  // namespace mlxnb
