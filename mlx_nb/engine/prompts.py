@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from mlx_nb.engine.control_text import inert
 from mlx_nb.engine.generic_tools import tool_format, with_tools
 from mlx_nb.engine.messages import has_images
 from mlx_nb.engine.types import RequestError
@@ -27,12 +28,13 @@ def render_chat(
     add_generation_prompt: bool = True,
 ) -> str:
     """The prompt text for a normalized conversation; template errors become RequestErrors. Tools
-    reach the model whatever the template: natively, or inlined (`generic_tools`)."""
+    reach the model whatever the template: natively, or inlined (`generic_tools`). Control-token text
+    inside the conversation stays text (`control_text`)."""
     if has_images(messages):
         raise RequestError("this model is text-only and cannot read images: send text, or load a vision model", "messages")
     try:
         return with_tools(_renderer(tokenizer, template_kwargs, add_generation_prompt), _template(tokenizer),
-                          messages, tools)
+                          inert(messages, tokenizer), inert(tools, tokenizer))
     except RequestError:
         raise
     except Exception as exc:  # jinja TemplateError, or a template's raise_exception

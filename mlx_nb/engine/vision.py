@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from mlx_nb.engine.control_text import inert
 from mlx_nb.engine.generic_tools import tool_format, with_tools
 from mlx_nb.engine.images import IMAGE_PART_TYPES
 from mlx_nb.engine.types import RequestError
@@ -38,12 +39,14 @@ def render_vision_prompt(
     template_kwargs: Optional[dict] = None,
 ) -> str:
     """The prompt text of a normalized conversation: system prompt and every turn, each image as
-    the template's placeholder (the processor expands it to the image's token count)."""
+    the template's placeholder (the processor expands it to the image's token count). Control-token
+    text inside the conversation stays text (`control_text`)."""
     template = getattr(loaded.processor, "chat_template", None) or loaded.tokenizer.chat_template
     if template is None:
         raise RequestError(f"{loaded.name} has no chat template: send a completion prompt instead", "messages")
     try:
-        return with_tools(_renderer(loaded, template, template_kwargs), str(template), messages, tools)
+        tok = loaded.tokenizer
+        return with_tools(_renderer(loaded, template, template_kwargs), str(template), inert(messages, tok), inert(tools, tok))
     except RequestError:
         raise
     except Exception as exc:  # jinja TemplateError, or a template's raise_exception
