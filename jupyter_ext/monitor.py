@@ -152,21 +152,27 @@ class EventsHandler(ProxyMixin, MLXHandler):
 
 class BatchPictureHandler(MLXHandler):
     """`batch.svg`: the batch timeline the BatchVisualizer widget draws, from the same events (the
-    engine's recent ones), for the Lab's sidebar. `?lanes=N` keeps the last N requests (default 12)."""
+    engine's recent ones), for the Lab's sidebar. `?lanes=N` keeps the last N requests (default 12);
+    `?width=PX` draws it for that width (default 760; narrow widths put names above the lanes)."""
 
     @web.authenticated
     @authorized
     async def get(self):
-        from mlx_nb.widgets.svg_batch import build_batch_svg
+        from mlx_nb.widgets.svg_batch import MAX_WIDTH, MIN_WIDTH, WIDTH, build_batch_svg
 
-        raw = self.get_argument("lanes", "12")
-        if not raw.isdigit() or not 1 <= int(raw) <= 200:
-            raise invalid_request(f"lanes must be a whole number from 1 to 200, not {raw!r}", "lanes")
+        lanes = self._whole("lanes", "12", 1, 200)
+        width = self._whole("width", str(WIDTH), MIN_WIDTH, MAX_WIDTH)
         if self.ext.remote is not None:
             raise not_found("this server relays a backend: its batch is the backend's")
         events = self.engine().events(0)
         self.set_header("Cache-Control", "no-store")
-        self.finish(build_batch_svg(events, max_lanes=int(raw)), set_content_type="image/svg+xml; charset=utf-8")
+        self.finish(build_batch_svg(events, max_lanes=lanes, width=width), set_content_type="image/svg+xml; charset=utf-8")
+
+    def _whole(self, name: str, default: str, low: int, high: int) -> int:
+        raw = self.get_argument(name, default)
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise invalid_request(f"{name} must be a whole number from {low} to {high}, not {raw!r}", name)
+        return int(raw)
 
 
 class CachePictureHandler(MLXHandler):

@@ -3,7 +3,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { cleanSvg, EngineStatus } from './data';
+import { cleanSvg, EngineStatus, pictureWidth } from './data';
 
 const settings = ServerConnection.makeSettings();
 
@@ -34,8 +34,12 @@ export async function abortRequest(id: string): Promise<boolean> {
  * inserted inline (so it takes the theme's colours), after removing anything that could run:
  * scripts, foreign objects, event handler attributes and script URLs.
  */
-export async function fetchBatchPicture(lanes: number): Promise<SVGSVGElement | null> {
-  const response = await ServerConnection.makeRequest(url(`batch.svg?lanes=${lanes}`), {}, settings);
+export async function fetchBatchPicture(lanes: number, width: number): Promise<SVGSVGElement | null> {
+  const response = await ServerConnection.makeRequest(
+    url(`batch.svg?lanes=${lanes}&width=${pictureWidth(width)}`),
+    {},
+    settings
+  );
   return response.ok ? cleanSvg(await response.text()) : null;
 }
 

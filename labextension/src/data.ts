@@ -65,3 +65,12 @@ export function cleanSvg(text: string): SVGSVGElement | null {
 export function shortName(model: string): string {
   return model.replace(/\/+$/, '').split('/').pop() || model;
 }
+
+/** The width to draw a picture for a panel `px` wide: the server's range (160..2000 px), and its
+ * usual 760 px while the panel is hidden (0 px wide). */
+export function pictureWidth(px: number): number {
+  if (!Number.isFinite(px) || px <= 0) {
+    return 760;
+  }
+  return Math.min(2000, Math.max(160, Math.floor(px)));
+}

@@ -65,7 +65,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         item.show_(latest);
         sidebar.show_(latest);
         if (sidebar.isVisible && latest.ready) {
-          sidebar.showTimeline(await fetchBatchPicture(TIMELINE_LANES));
+          sidebar.showTimeline(await fetchBatchPicture(TIMELINE_LANES, sidebar.timelineWidth));
           if (sidebar.selected !== null) {
             sidebar.showCache(await fetchCachePicture(sidebar.selected));
           }

@@ -73,6 +73,11 @@ export class Sidebar extends Widget {
     }
   }
 
+  /** The width the timeline has to fill (it is drawn for it, so text keeps its size). */
+  get timelineWidth(): number {
+    return this.timeline.clientWidth;
+  }
+
   /** The batch timeline (every request of every notebook and client, joining and leaving). */
   showTimeline(picture: SVGSVGElement | null): void {
     if (picture !== null) {

@@ -1,6 +1,6 @@
 // What the browser tests do not reach: every engine state the status bar can name, the queue
 // count, and the SVG cleaning against hostile pictures.
-import { cleanSvg, EngineStatus, shortName, stateOf, waiting } from '../src/data';
+import { cleanSvg, EngineStatus, pictureWidth, shortName, stateOf, waiting } from '../src/data';
 
 const base: EngineStatus = { model: 'm', ready: true, loading: false, requests: [] };
 
@@ -58,5 +58,16 @@ describe('shortName', () => {
     expect(shortName('/tmp/models/long-llama')).toBe('long-llama');
     expect(shortName('/tmp/models/long-llama/')).toBe('long-llama');
     expect(shortName('smollm2-135m-instruct')).toBe('smollm2-135m-instruct');
+  });
+});
+
+describe('pictureWidth', () => {
+  it('draws for the panel within the server range, and the usual width while hidden', () => {
+    expect(pictureWidth(320)).toBe(320);
+    expect(pictureWidth(319.6)).toBe(319);
+    expect(pictureWidth(120)).toBe(160);
+    expect(pictureWidth(5000)).toBe(2000);
+    expect(pictureWidth(0)).toBe(760);
+    expect(pictureWidth(NaN)).toBe(760);
   });
 });

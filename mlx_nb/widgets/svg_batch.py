@@ -6,11 +6,16 @@ id, the prompt, the wait, the decode time and the tokens. It shows waiting (inse
 decoding (join -> leave); marks show insert, join (the request's cache was extended into the
 running batch) and leave (filtered out, coloured by why). Under the lanes, the batch size over
 time. Text and lines are drawn in `currentColor` (see `theme`), so dark themes read too.
+
+The picture is drawn for a given width: from 600 px up, names sit in a column left of the lanes;
+narrower (a 320-px sidebar), each name sits above its lane's bars and the legend wraps, so text
+keeps its size instead of the whole picture being scaled down.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from html import escape
 from typing import Optional
 
@@ -22,7 +27,44 @@ JOIN_COLOR = "#1565c0"
 LINE_COLOR = "#ab47bc"
 WAIT_OPACITY = ".28"  # waiting is the theme's font colour, faint: grey on light and dark alike
 
-WIDTH, LABEL_W, RIGHT, LANE_H, TOP, CHART_H, LEGEND_H = 760, 200, 16, 22, 26, 56, 24
+WIDTH, TOP, CHART_H, BAR_H = 760, 26, 56, 22
+NARROW_BELOW, MIN_WIDTH, MAX_WIDTH = 600, 160, 2000
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where things go in a picture `width` px wide (see the module docstring)."""
+
+    width: int = WIDTH
+
+    @property
+    def narrow(self) -> bool:
+        return self.width < NARROW_BELOW
+
+    @property
+    def label_w(self) -> int:
+        """Where the time axis starts: after the name column, or at the margin."""
+        return 8 if self.narrow else 200
+
+    @property
+    def right(self) -> int:
+        return 8 if self.narrow else 16
+
+    @property
+    def name_h(self) -> int:
+        """Height of a lane's name line above its bars (narrow only)."""
+        return 12 if self.narrow else 0
+
+    @property
+    def lane_h(self) -> int:
+        return self.name_h + BAR_H
+
+
+
+def _cut(text: str, chars: float) -> str:
+    """`text` cut to `chars` characters (at least 4), the last one an ellipsis."""
+    n = max(4, int(chars))
+    return text if len(text) <= n else text[:n - 1] + "…"
 
 
 def lanes_from_events(events: list[dict]) -> tuple[list[dict], list[tuple[float, int]]]:
@@ -85,7 +127,8 @@ def lane_title(ln: dict, now: float) -> str:
     return "\n".join(lines)
 
 
-def _legend(y: float) -> str:
+def _legend(y: float, layout: Layout) -> tuple[str, float]:
+    """The legend from `y`, in rows that fit the width; (svg, its height)."""
     items = [
         ("circle", "", "insert"),
         ("wait", "", "waiting"),
@@ -94,8 +137,13 @@ def _legend(y: float) -> str:
         *[("square", c, f"leave: {r}") for r, c in REASON_COLORS.items()],
         ("line", LINE_COLOR, "batch size"),
     ]
-    out, x = [f'<g class="legend" transform="translate(0,{y:.0f})">'], 8.0
+    rows: list[list[str]] = [[]]
+    x = 8.0
     for shape, color, label in items:
+        if rows[-1] and x + 14 + 5.6 * len(label) > layout.width - 8:
+            rows.append([])
+            x = 8.0
+        out = rows[-1]
         if shape == "circle":
             out.append(f'<circle cx="{x + 5}" cy="8" r="4" style="fill:{BACKGROUND}" stroke="currentColor"/>')
         elif shape == "wait":
@@ -110,11 +158,14 @@ def _legend(y: float) -> str:
             out.append(f'<line x1="{x}" y1="8" x2="{x + 10}" y2="8" stroke="{color}" stroke-width="2"/>')
         out.append(f'<text x="{x + 14}" y="12" font-size="10" fill="currentColor">{escape(label)}</text>')
         x += 20 + 5.6 * len(label)
-    return "".join(out) + "</g>"
+    svg = "".join(f'<g class="legend" transform="translate(0,{y + 16 * r:.0f})">{"".join(row)}</g>'
+                  for r, row in enumerate(rows))
+    return svg, 16 * len(rows) + 8
 
 
-def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str] = None) -> str:
-    """The whole timeline as one `<svg>` string."""
+def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str] = None, width: int = WIDTH) -> str:
+    """The whole timeline as one `<svg>` string, `width` px wide (MIN_WIDTH..MAX_WIDTH)."""
+    layout = Layout(min(MAX_WIDTH, max(MIN_WIDTH, int(width))))
     lanes, sizes = lanes_from_events(events)
     hidden = max(0, len(lanes) - max_lanes)
     lanes = lanes[hidden:]
@@ -122,59 +173,70 @@ def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str
     times += [t for t, _ in sizes if not lanes or t >= min(times)]
     t0, t1 = (min(times), max(times)) if times else (0.0, 1.0)
     span = max(t1 - t0, 1e-3)
-    plot_w = WIDTH - LABEL_W - RIGHT
+    plot_w = layout.width - layout.label_w - layout.right
 
     def x(t: Optional[float]) -> float:
-        return LABEL_W + plot_w * ((t1 if t is None else t) - t0) / span
+        return layout.label_w + plot_w * ((t1 if t is None else t) - t0) / span
 
-    lanes_h = max(1, len(lanes)) * LANE_H
-    chart_y = TOP + lanes_h + 10
-    height = chart_y + CHART_H + 20 + LEGEND_H
+    lanes_h = max(1, len(lanes)) * layout.lane_h
+    chart_y = TOP + lanes_h + 10 + layout.name_h
+    legend_y = chart_y + CHART_H + 20
+    legend, legend_h = _legend(legend_y, layout)
     head = title or f"batch timeline: {len(lanes)} request{'s' if len(lanes) != 1 else ''} over {_seconds(t1 - t0)}"
     if hidden:
         head += f" (+{hidden} earlier not shown)"
-    out = [svg_open("mlx-batch", WIDTH, height),
-           f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">{escape(head)}</text>']
+    out = [svg_open("mlx-batch", layout.width, legend_y + legend_h),
+           f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">'
+           f'{escape(_cut(head, (layout.width - 16) / 6.8))}</text>']
     if not lanes:
-        out.append(f'<text x="{LABEL_W}" y="{TOP + 12}" font-size="11" fill="currentColor" opacity=".7">'
-                   "no batch events yet: chat from any notebook or client of this server</text>")
+        note = "no batch events yet: chat from any notebook or client of this server"
+        out.append(f'<text x="{layout.label_w}" y="{TOP + 12}" font-size="11" fill="currentColor" opacity=".7">'
+                   f"{escape(_cut(note, plot_w / 5.8))}</text>")
     for i, ln in enumerate(lanes):
-        out.append(_lane(ln, TOP + i * LANE_H, x, t1))
-    out.append(_chart(sizes, x, chart_y, t0, t1))
-    out.append(_legend(chart_y + CHART_H + 20))
+        out.append(_lane(ln, TOP + i * layout.lane_h, x, t1, layout))
+    out.append(_chart(sizes, x, chart_y, t0, t1, layout))
+    out.append(legend)
     out.append("</svg>")
     return "".join(out)
 
 
-def _name(ln: dict) -> tuple[str, str]:
+def _name(ln: dict, layout: Layout) -> tuple[str, str]:
     """(first line, second line) of a lane's label: its prompt, and who sent it."""
-    label = ln["label"] or ln["id"]
-    label = label if len(label) <= 30 else label[:29] + "…"
-    source = ln["source"] or ""
-    return label, source if len(source) <= 34 else source[:33] + "…"
+    label, source = ln["label"] or ln["id"], ln["source"] or ""
+    if layout.narrow:  # one line above the bars, "prompt · source", in the width (10 and 8.5 px text)
+        room = layout.width - 16
+        first = _cut(label, room * (0.55 if source else 1.0) / 5.6)
+        return first, _cut(source, (room - 5.6 * len(first) - 10) / 4.8) if source else ""
+    return _cut(label, 30), _cut(source, 34)
 
 
-def _lane(ln: dict, y: float, x, now: float) -> str:
+def _lane(ln: dict, y: float, x, now: float, layout: Layout) -> str:
     """One request: label, waiting bar, decoding bar, then the insert / join / leave marks on top."""
-    cy = y + LANE_H / 2
+    by = y + layout.name_h  # the bars' band: BAR_H tall
+    cy = by + BAR_H / 2
     rid = escape(ln["id"])
-    first, second = _name(ln)
+    first, second = _name(ln, layout)
     out = [f'<g class="lane" data-request="{rid}"><title>{escape(lane_title(ln, now))}</title>',
-           f'<rect x="0" y="{y}" width="{WIDTH}" height="{LANE_H}" fill="currentColor" opacity="0"/>',
-           f'<text x="{LABEL_W - 6}" y="{y + (10 if second else 14)}" font-size="10" text-anchor="end" '
-           f'fill="currentColor">{escape(first)}</text>']
-    if second:
-        out.append(f'<text x="{LABEL_W - 6}" y="{y + 19}" font-size="8.5" text-anchor="end" fill="currentColor" '
-                   f'opacity=".65">{escape(second)}</text>')
+           f'<rect x="0" y="{y}" width="{layout.width}" height="{layout.lane_h}" fill="currentColor" opacity="0"/>']
+    if layout.narrow:
+        out.append(f'<text x="8" y="{y + 10}" font-size="10" fill="currentColor">{escape(first)}'
+                   + (f'<tspan font-size="8.5" opacity=".65"> · {escape(second)}</tspan>' if second else "")
+                   + "</text>")
+    else:
+        out.append(f'<text x="{layout.label_w - 6}" y="{y + (10 if second else 14)}" font-size="10" '
+                   f'text-anchor="end" fill="currentColor">{escape(first)}</text>')
+        if second:
+            out.append(f'<text x="{layout.label_w - 6}" y="{y + 19}" font-size="8.5" text-anchor="end" '
+                       f'fill="currentColor" opacity=".65">{escape(second)}</text>')
     start, join, leave = (ln["insert"] if ln["insert"] is not None else ln["first"]), ln["join"], ln["leave"]
     wait_end = join if join is not None else leave
     if wait_end is None or wait_end > start:
-        out.append(f'<rect class="wait" x="{x(start):.1f}" y="{y + 7}" width="{max(1.0, x(wait_end) - x(start)):.1f}" '
-                   f'height="{LANE_H - 14}" fill="currentColor" opacity="{WAIT_OPACITY}"/>')
+        out.append(f'<rect class="wait" x="{x(start):.1f}" y="{by + 7}" width="{max(1.0, x(wait_end) - x(start)):.1f}" '
+                   f'height="{BAR_H - 14}" fill="currentColor" opacity="{WAIT_OPACITY}"/>')
     if join is not None:
         jx = x(join)
-        out.append(f'<rect class="decode" x="{jx:.1f}" y="{y + 5}" width="{max(1.0, x(leave) - jx):.1f}" '
-                   f'height="{LANE_H - 10}" fill="{DECODE_COLOR}"/>')
+        out.append(f'<rect class="decode" x="{jx:.1f}" y="{by + 5}" width="{max(1.0, x(leave) - jx):.1f}" '
+                   f'height="{BAR_H - 10}" fill="{DECODE_COLOR}"/>')
         out.append(f'<path class="mark join" d="M{jx - 4:.1f},{cy - 5:.1f} L{jx + 4:.1f},{cy:.1f} '
                    f'L{jx - 4:.1f},{cy + 5:.1f} Z" fill="{JOIN_COLOR}"/>')
     if ln["insert"] is not None:
@@ -187,20 +249,26 @@ def _lane(ln: dict, y: float, x, now: float) -> str:
     return "".join(out) + "</g>"
 
 
-def _chart(sizes: list[tuple[float, int]], x, y0: float, t0: float, t1: float) -> str:
+def _chart(sizes: list[tuple[float, int]], x, y0: float, t0: float, t1: float, layout: Layout) -> str:
     """The batch size over time as a step line, with its scale and the time axis."""
     top = max((n for _, n in sizes), default=0) or 1
     base = y0 + CHART_H
-    out = [f'<g class="batch-size"><line x1="{LABEL_W}" y1="{base}" x2="{WIDTH - RIGHT}" y2="{base}" '
-           'stroke="currentColor" stroke-opacity=".45"/>',
-           f'<text x="{LABEL_W - 6}" y="{y0 + 10}" font-size="10" text-anchor="end" fill="currentColor">'
-           f"batch size {top}</text>",
-           f'<text x="{LABEL_W - 6}" y="{base}" font-size="10" text-anchor="end" fill="currentColor">0</text>']
-    for tick in time_ticks(t1 - t0):
+    lx = layout.label_w
+    out = [f'<g class="batch-size"><line x1="{lx}" y1="{base}" x2="{layout.width - layout.right}" y2="{base}" '
+           'stroke="currentColor" stroke-opacity=".45"/>']
+    if layout.narrow:  # the scale above the chart
+        out.append(f'<text x="{lx}" y="{y0 - 3}" font-size="10" fill="currentColor">batch size (up to {top})</text>')
+    else:
+        out.append(f'<text x="{lx - 6}" y="{y0 + 10}" font-size="10" text-anchor="end" fill="currentColor">'
+                   f"batch size {top}</text>"
+                   f'<text x="{lx - 6}" y="{base}" font-size="10" text-anchor="end" fill="currentColor">0</text>')
+    plot_w = layout.width - lx - layout.right
+    for tick in time_ticks(t1 - t0, max_ticks=max(3, min(8, int(plot_w // 70)))):
         tx = x(t0 + tick)
+        anchor = "start" if tx < 16 else "end" if tx > layout.width - 16 else "middle"  # inside the picture
         out.append(f'<line class="tick" x1="{tx:.1f}" y1="{base}" x2="{tx:.1f}" y2="{base + 3}" '
                    'stroke="currentColor" stroke-opacity=".6"/>'
-                   f'<text x="{tx:.1f}" y="{base + 13}" font-size="9.5" text-anchor="middle" '
+                   f'<text x="{tx:.1f}" y="{base + 13}" font-size="9.5" text-anchor="{anchor}" '
                    f'fill="currentColor">{_seconds(tick)}</text>')
     if sizes:
         points, prev = [], None

@@ -77,6 +77,19 @@ def ended(lab: Lab, request_id: str) -> str:
     return next(e["detail"]["reason"] for e in events if e["kind"] == "filter" and request_id in e["requests"])
 
 
+def timeline_fit(svg) -> dict:
+    """How a batch picture sits in the page: its drawn and shown widths, the room its panel gives
+    it, and the texts whose rendered box crosses the picture's edges (names, axis, legend)."""
+    return svg.evaluate("""svg => {
+        const box = svg.getBoundingClientRect();
+        const texts = [...svg.querySelectorAll('text')].filter(t => t.getBoundingClientRect().width > 0);
+        const outside = texts.filter(t => { const b = t.getBoundingClientRect();
+            return b.left < box.left - 0.5 || b.right > box.right + 0.5; }).map(t => t.textContent);
+        return {drawn: +svg.getAttribute('width'), shown: Math.round(box.width),
+                room: svg.parentElement.clientWidth, outside, texts: texts.length};
+    }""")
+
+
 def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
     from playwright.sync_api import expect
 
@@ -106,6 +119,21 @@ def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
         expect(timeline.locator("g.lane")).to_have_count(2, timeout=WAIT_S * MS)
         assert sorted(NOTEBOOKS) == sorted(n for n in NOTEBOOKS if n in timeline.inner_html())
         assert page.evaluate("window.__mlx_xss") is None  # nothing of the requests' text ran
+        for _ in range(40):  # the next poll redraws it for the sidebar's width (a scroll bar may take some)
+            fit = timeline_fit(timeline)
+            if abs(fit["shown"] - fit["drawn"]) <= 1 and fit["drawn"] <= fit["room"]:
+                break
+            page.wait_for_timeout(500)
+        assert abs(fit["shown"] - fit["drawn"]) <= 1 and fit["drawn"] <= fit["room"], fit  # drawn for the sidebar
+        assert fit["outside"] == [], fit
+        for width in (320, 1000):  # the picture alone at a 320-px sidebar's width and a wide one's
+            picture = httpx.get(f"{lab.base}/mlx/v1/batch.svg", params={"width": width}, timeout=30, trust_env=False,
+                                headers={"Authorization": f"token {lab.token}"}).text
+            other = page.context.new_page()
+            other.set_content(f'<div style="width:{width}px">{picture}</div>')
+            fit = timeline_fit(other.locator("svg.mlx-batch"))
+            other.close()
+            assert fit["shown"] == fit["drawn"] == width and fit["outside"] == [] and fit["texts"] > 10, (width, fit)
         worst, where = weakest_contrast(sidebar.locator(".mlx-nb-Request-source, .mlx-nb-Request-progress, "
                                                         ".mlx-nb-Sidebar-header, .mlx-nb-Request-abort"))
         assert worst >= 4.5, f"light theme: {where} ({worst:.2f})"

@@ -169,3 +169,32 @@ def test_cache_and_status_tables():
               "requests": [{"id": "req-9", "phase": "decode", "generated_tokens": 5, "max_tokens": 9}]}
     text = repr(status_table(status, "embedded"))
     assert "2 (3)" in text and "req-9: decode 5/9 tokens" in text and "ready" in text
+
+
+def test_batch_svg_drawn_for_narrow_and_wide_widths():
+    """Drawn for the width it is shown at: from 600 px up names sit in a column left of the lanes;
+    narrower (a 320-px sidebar) each name sits above its lane and the legend wraps into rows; the
+    picture is never wider than asked, so nothing is scaled down. (The browser test measures the
+    rendered text against the picture's edges.)"""
+    for width in (160, 234, 320, 480, 599, 600, 760, 1200):
+        svg = build_batch_svg(EVENTS, width=width)
+        root = parse(svg)
+        assert root.get("width") == str(width) and root.get("viewBox").startswith(f"0 0 {width} ")
+        names = [el for el in texts(root) if (el.text or "").startswith("Name a ")]  # cut with … when narrow
+        assert len(names) == 2 and (width < 320 or "Name a <colour>." in [el.text for el in names]), width
+        legend = "".join(svg[i:] for i in [svg.index('class="legend"')])
+        for item in ("insert", "waiting", "join (extend)", "decoding", "leave: stop", "leave: abort", "batch size"):
+            assert f">{item}<" in legend, (width, item)
+        if width < 600:
+            assert all(el.get("x") == "8" and el.get("text-anchor") is None for el in names), width
+            assert svg.count('class="legend"') >= 2  # wrapped
+            # the bars start after the name line: each lane's band sits below its name
+            lanes = [g for g in root.iter() if g.get("class") == "lane"]
+            for g in lanes:
+                name_y = float(next(el for el in g.iter() if el.tag.endswith("}text")).get("y"))
+                bar_ys = [float(el.get("y")) for el in g.iter() if el.get("class") in ("wait", "decode")]
+                assert bar_ys and min(bar_ys) > name_y, width
+        else:
+            assert all(el.get("text-anchor") == "end" and el.get("x") == "194" for el in names), width
+    assert build_batch_svg(EVENTS, width=50).count('width="160"') >= 1  # clamped to the smallest
+    assert build_batch_svg(EVENTS) == build_batch_svg(EVENTS, width=760)

@@ -22,13 +22,17 @@ async def test_the_timeline_shows_every_request_and_escapes_their_text(jp_fetch,
     assert svg.startswith("<svg") and svg.count('class="lane"') >= 2
     assert "notebook a.ipynb" in svg and "first question" in svg
     assert "<script" not in svg and "<img" not in svg and "&lt;script&gt;" in svg
+    narrow = (await jp_fetch("mlx", "v1", "batch.svg", params={"lanes": "5", "width": "320"})).body.decode()
+    assert 'width="320"' in narrow[:200] and "first question" in narrow and "&lt;script&gt;" in narrow
 
 
-@pytest.mark.parametrize("lanes", ["0", "-1", "many", "201"])
-async def test_a_bad_lane_count_is_a_400(jp_fetch, mlx_ready, lanes):
+@pytest.mark.parametrize("name,value", [("lanes", "0"), ("lanes", "-1"), ("lanes", "many"), ("lanes", "201"),
+                                        ("width", "159"), ("width", "2001"), ("width", "wide")])
+async def test_a_bad_lane_count_or_width_is_a_400(jp_fetch, mlx_ready, name, value):
     with pytest.raises(HTTPClientError) as err:
-        await jp_fetch("mlx", "v1", "batch.svg", params={"lanes": lanes})
-    assert err.value.code == 400 and "lanes" in json.loads(err.value.response.body)["error"]["message"]
+        await jp_fetch("mlx", "v1", "batch.svg", params={name: value})
+    message = json.loads(err.value.response.body)["error"]["message"]
+    assert err.value.code == 400 and message.startswith(f"{name} must be a whole number"), message
 
 
 async def test_a_live_requests_cache_picture(jp_fetch, mlx_ready):
