@@ -124,10 +124,14 @@ export async function streamChat(
 }
 
 /** A continuation of `prompt` (greedy, at most `maxTokens`), for inline completions. */
-export async function complete(prompt: string, maxTokens: number, signal: AbortSignal): Promise<string> {
+export async function complete(
+  ask: { prompt: string; suffix?: string },
+  maxTokens: number,
+  signal: AbortSignal
+): Promise<string> {
   const init: RequestInit = {
     method: 'POST',
-    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stop: ['\n\n\n'] }),
+    body: JSON.stringify({ ...ask, max_tokens: maxTokens, temperature: 0, stop: ['\n\n\n'] }),
     headers: { 'Content-Type': 'application/json', 'X-MLX-Source': 'completer' },
     signal
   };

@@ -1,7 +1,9 @@
 // Inline completions (ghost text) in code cells and files from the shared engine, through
 // JupyterLab's inline completer: the code before the cursor is continued by the completions route
-// (sent as source "completer", so it shows in the batch view). A request still running when the
-// user types on is aborted: closing its connection ends it on the server.
+// (sent as source "completer", so it shows in the batch view). A model whose tokenizer has
+// fill-in-the-middle tokens (the engine's status says so) also reads the code after the cursor and
+// fills the hole. A request still running when the user types on is aborted: closing its
+// connection ends it on the server.
 import {
   CompletionHandler,
   IInlineCompletionContext,
@@ -13,8 +15,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { JSONValue } from '@lumino/coreutils';
 
 import { complete } from './api';
-
-const CONTEXT_CHARS = 2000; // the code before the cursor the model reads
+import { completionAsk } from './data';
 
 export class EngineCompletions implements IInlineCompletionProvider {
   readonly identifier = 'mlx-nb:inline';
@@ -36,6 +37,9 @@ export class EngineCompletions implements IInlineCompletionProvider {
   private maxTokens = 48;
   private running: AbortController | null = null;
 
+  /** `fillsHoles`: whether the served model reads the code after the cursor too. */
+  constructor(private fillsHoles: () => boolean) {}
+
   configure(settings: { [property: string]: JSONValue }): void {
     const value = settings.maxTokens;
     if (typeof value === 'number' && value >= 1) {
@@ -50,12 +54,12 @@ export class EngineCompletions implements IInlineCompletionProvider {
     this.running?.abort(); // typed on: the last suggestion is not wanted any more
     const running = new AbortController();
     this.running = running;
-    const before = request.text.slice(Math.max(0, request.offset - CONTEXT_CHARS), request.offset);
-    if (!before.trim()) {
+    const ask = completionAsk(request.text, request.offset, this.fillsHoles());
+    if (ask === null) {
       return { items: [] };
     }
     try {
-      const text = await complete(before, this.maxTokens, running.signal);
+      const text = await complete(ask, this.maxTokens, running.signal);
       return { items: text ? [{ insertText: text }] : [] };
     } catch {
       return { items: [] }; // aborted, or the engine is not ready: no suggestion

@@ -21,6 +21,7 @@ export interface EngineStatus {
   batch_size?: number;
   tokens_per_s?: number;
   requests?: RequestStatus[];
+  fill_in_the_middle?: string | null; // the model's FIM spelling, when it can fill a hole
 }
 
 /** Requests still waiting for their turn (queued) or for their prompt (prefill). */
@@ -73,4 +74,22 @@ export function pictureWidth(px: number): number {
     return 760;
   }
   return Math.min(2000, Math.max(160, Math.floor(px)));
+}
+
+export const BEFORE_CHARS = 2000; // the code before the cursor the model reads
+export const AFTER_CHARS = 1000; // and after it, for a model that fills holes
+
+/** What to ask for at `offset` in `text`: the code before the cursor, and the code after it as a
+ * suffix when the model fills holes (fill-in-the-middle) and there is any; null with nothing before. */
+export function completionAsk(
+  text: string,
+  offset: number,
+  fillsHoles: boolean
+): { prompt: string; suffix?: string } | null {
+  const prompt = text.slice(Math.max(0, offset - BEFORE_CHARS), offset);
+  if (!prompt.trim()) {
+    return null;
+  }
+  const after = fillsHoles ? text.slice(offset, offset + AFTER_CHARS) : '';
+  return after.trim() ? { prompt, suffix: after } : { prompt };
 }

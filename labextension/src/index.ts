@@ -32,11 +32,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     rendermime: IRenderMimeRegistry | null,
     completions: ICompletionProviderManager | null
   ) => {
-    completions?.registerInlineProvider(new EngineCompletions());
     const sidebar = new Sidebar();
     sidebar.addPart(new ChatBox(rendermime).node);
     shell.add(sidebar, 'right', { rank: 900 });
     let latest: EngineStatus | null = null;
+    completions?.registerInlineProvider(new EngineCompletions(() => Boolean(latest?.fill_in_the_middle)));
 
     app.commands.addCommand(OPEN, {
       label: 'MLX: Open the engine sidebar',

@@ -1,6 +1,6 @@
 // What the browser tests do not reach: every engine state the status bar can name, the queue
 // count, and the SVG cleaning against hostile pictures.
-import { cleanSvg, EngineStatus, pictureWidth, shortName, stateOf, waiting } from '../src/data';
+import { cleanSvg, completionAsk, EngineStatus, pictureWidth, shortName, stateOf, waiting } from '../src/data';
 
 const base: EngineStatus = { model: 'm', ready: true, loading: false, requests: [] };
 
@@ -69,5 +69,24 @@ describe('pictureWidth', () => {
     expect(pictureWidth(5000)).toBe(2000);
     expect(pictureWidth(0)).toBe(760);
     expect(pictureWidth(NaN)).toBe(760);
+  });
+});
+
+describe('completionAsk', () => {
+  const text = 'x = 1\ndef f():\n    return \n\nprint(f())\n';
+  const at = text.indexOf('return ') + 'return '.length;
+  it('sends the code after the cursor as a suffix only to a model that fills holes', () => {
+    expect(completionAsk(text, at, true)).toEqual({ prompt: text.slice(0, at), suffix: text.slice(at) });
+    expect(completionAsk(text, at, false)).toEqual({ prompt: text.slice(0, at) });
+  });
+  it('asks nothing with nothing before the cursor, and no suffix with only blanks after it', () => {
+    expect(completionAsk('   \n' + text, 2, true)).toBeNull();
+    expect(completionAsk('a = 1\n  \n', 6, true)).toEqual({ prompt: 'a = 1\n' });
+  });
+  it('reads at most 2000 characters before and 1000 after', () => {
+    const long = 'a'.repeat(5000) + 'b'.repeat(5000);
+    const ask = completionAsk(long, 5000, true)!;
+    expect(ask.prompt).toBe('a'.repeat(2000));
+    expect(ask.suffix).toBe('b'.repeat(1000));
   });
 });

@@ -1,7 +1,8 @@
 """OpenAI legacy Completions (`/v1/completions`): raw prompt in, `text_completion` out.
 
-One prompt string per request (a one-element list is accepted); token-id prompts, `echo`,
-`suffix` and `best_of` > 1 are rejected with a 400 rather than silently ignored; `n` > 1 gives
+One prompt string per request (a one-element list is accepted); token-id prompts, `echo` and
+`best_of` > 1 are rejected with a 400 rather than silently ignored. A `suffix` asks what goes
+between the prompt and it (fill-in-the-middle) of a model with FIM tokens, a 400 for others. `n` > 1 gives
 n choices, decoded as n rows of the batch. `logprobs: k` asks for the chosen token's logprob plus
 k alternatives (OpenAI's meaning). A missing `max_tokens` means the server's default budget
 (by default the rest of the context; OpenAI's legacy default of 16 cuts most answers short).
@@ -71,13 +72,6 @@ class CompletionRequest(SamplingFields):
             raise ValueError("echo is not supported by this server")
         return v
 
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v: Optional[str]) -> Optional[str]:
-        if v:
-            raise ValueError("suffix (fill-in-the-middle) is not supported by this server")
-        return v
-
     @field_validator("best_of")
     @classmethod
     def _no_best_of(cls, v: Optional[int]) -> Optional[int]:
@@ -104,6 +98,7 @@ def completion_engine_kwargs(req: CompletionRequest, defaults: ServerDefaults = 
     kwargs.update(generation_kwargs(defaults, req.max_tokens, kwargs))
     kwargs["logprobs"] = engine_logprobs(req.logprobs is not None, req.logprobs)
     kwargs["tools"] = None
+    kwargs["suffix"] = req.suffix or None
     return kwargs
 
 

@@ -25,6 +25,7 @@ from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.loop import EngineClosedError, EngineLoop
 from mlx_nb.engine.messages import normalize_messages
 from mlx_nb.engine.prefix import segment_boundaries
+from mlx_nb.engine.fim import fim_format, fim_prompt
 from mlx_nb.engine.prompts import chat_tool_format, encode_prompt, render_chat
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
@@ -167,6 +168,7 @@ class Engine:
         chat_template_kwargs: Optional[dict] = None,
         request_id: Optional[str] = None,
         source: Optional[str] = None,
+        suffix: Optional[str] = None,
     ) -> RequestHandle:
         """Validate, template and queue a request; returns at once with its handle.
 
@@ -179,6 +181,8 @@ class Engine:
         says what was granted).
         `source` says who asked (e.g. "notebook 02-chats.ipynb", "route: OpenAI/Python"): batch events
         carry it, with the prompt's first words, so a timeline can say which lane is whose.
+        `suffix` with a `prompt` asks what goes between them (fill-in-the-middle), for a model whose
+        tokenizer has FIM tokens (`status()["fill_in_the_middle"]`); for others it is a RequestError.
         """
         self._check_open()
         self.wait_ready()
@@ -203,9 +207,14 @@ class Engine:
             logprobs=int(logprobs or 0),
         )
         validate(sampling, loaded.vocab_size)
+        if suffix and messages is not None:
+            raise RequestError("suffix goes with a completion prompt (fill-in-the-middle), not with messages", "suffix")
+        if suffix and self._fim(loaded) is None:
+            raise RequestError(f"{self.model_name} has no fill-in-the-middle tokens, so it cannot take a suffix: "
+                               "send the prompt alone", "suffix")
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
-                          chat_template_kwargs=dict(chat_template_kwargs or {}))
+                          chat_template_kwargs=dict(chat_template_kwargs or {}), suffix=suffix or None)
         images, extra = [], {"source": source or "python", "label": prompt_snippet(messages, prompt)}
         if loaded.kind == "vision":  # every request to a vision model, text-only ones too
             from mlx_nb.engine.vision import prepare_vision_request
@@ -264,6 +273,8 @@ class Engine:
         if request.messages is None:
             if not isinstance(request.prompt, str):
                 raise RequestError("prompt must be a string", "prompt")
+            if request.suffix:
+                return fim_prompt(tok, request.prompt, request.suffix), []
             return encode_prompt(tok, request.prompt, chat=False), []
         messages = normalize_messages(request.messages)
         request.messages = messages
@@ -330,6 +341,10 @@ class Engine:
             return vision_tool_format(loaded)
         return chat_tool_format(loaded.tokenizer)
 
+    @staticmethod
+    def _fim(loaded) -> Optional[str]:
+        return None if loaded.kind == "vision" else fim_format(loaded.tokenizer)
+
     def _status_on_thread(self) -> dict:
         runner, prefills = self._loop.runner, self._loop.prefills
         waiting = prefills.live() if prefills is not None else []
@@ -349,6 +364,7 @@ class Engine:
             "kernels": self.loaded.kernels,
             "sampling_defaults": self.sampling_defaults(),
             "tool_format": self.tool_format(),
+            "fill_in_the_middle": self._fim(self.loaded),  # the FIM spelling a `suffix` uses, or None
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,

@@ -116,3 +116,4 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     tools: Optional[list[dict[str, Any]]] = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    suffix: Optional[str] = None  # a completion's text after the hole (fill-in-the-middle, engine/fim.py)

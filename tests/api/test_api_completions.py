@@ -35,9 +35,11 @@ def test_engine_kwargs():
         "stop": ["."],
         "logprobs": 2,
         "tools": None,
+        "suffix": None,
     }
     assert parse({"prompt": ["one"]}).prompt == "one"
     assert completion_engine_kwargs(parse({"prompt": "x", "logprobs": 0}))["logprobs"] == 1
+    assert completion_engine_kwargs(parse({"prompt": "x", "suffix": "end"}))["suffix"] == "end"  # the engine decides
 
 
 @pytest.mark.parametrize(
@@ -45,7 +47,6 @@ def test_engine_kwargs():
     [
         ({"prompt": "x", "echo": True}, "echo", "not supported"),
         ({"prompt": "x", "best_of": 3}, "best_of", "best_of=1"),
-        ({"prompt": "x", "suffix": "end"}, "suffix", "not supported"),
         ({"prompt": [1, 2, 3]}, "prompt", "token-id prompts"),
         ({"prompt": ["a", "b"]}, "prompt", "exactly one prompt"),
         ({"prompt": ""}, "prompt", "empty"),

@@ -255,6 +255,47 @@ def test_inline_completion_in_a_code_cell_and_tab_accepts_it(tmp_path, page):
         assert not errors, errors
 
 
+def test_inline_completion_fills_the_hole_for_a_model_with_fim_tokens(tmp_path, page):
+    """For a model whose tokenizer has FIM tokens, the completer sends the code after the cursor
+    too: the engine reads the hole's prompt (its token count is the code before and after plus the
+    three FIM tokens, one token a byte), and Tab puts the suggestion between them."""
+    from fim_fixture import fim_model
+    from playwright.sync_api import expect
+
+    extension_installed()
+    model = fim_model(tmp_path / "fim-llama", "starcoder")
+    before, after = "def area(r):\n    return ", "\n\nprint(area(2.0))"
+    (tmp_path / "lab").mkdir()
+    with Lab(tmp_path / "lab", [before + after], model=str(model)) as lab, \
+            watched(page, lab, "labext-99-fim-failure") as errors:
+        notebook, _ = open_notebook(lab, page)
+        expect(page.locator(".mlx-nb-StatusItem")).to_contain_text("ready", timeout=WAIT_S * MS)  # status read
+        editor = notebook.locator(".jp-Cell").first.locator(".cm-content")
+        editor.click()
+        page.keyboard.press("Control+Home")
+        page.keyboard.press("ArrowDown")
+        page.keyboard.press("End")  # after "return "
+        page.keyboard.type("r", delay=30)
+        ghost = page.locator(".jp-GhostText")
+        try:
+            expect(ghost).to_have_count(1, timeout=20 * MS)
+        except AssertionError:
+            page.keyboard.press("Alt+\\\\")
+            expect(ghost).to_have_count(1, timeout=WAIT_S * MS)
+        _shot(page, "labext-light-04-fill-in-the-middle")
+        page.keyboard.press("Tab")
+        expect(ghost).to_have_count(0, timeout=10 * MS)
+        text = editor.inner_text()
+        assert text.startswith(before + "r") and text.endswith(after.strip("\n")), text
+        key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+        events = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0}, timeout=30, trust_env=False,
+                           headers={"Authorization": f"Bearer {key}"}).json()
+        asked = [e["detail"].get("prompt_tokens") for e in events
+                 if e["kind"] == "insert" and e["detail"].get("source") == "completer"]
+        assert len((before + "r").encode()) + len(after.encode()) + 3 in asked, asked
+        assert not errors, errors
+
+
 PNG_JS = """(b64) => {
   const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
   const transfer = new DataTransfer();
