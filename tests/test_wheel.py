@@ -29,8 +29,9 @@ def test_the_wheel_ships_the_lab_extension_enabled(tmp_path):
     assert any("/static/remoteEntry." in n for n in shipped), shipped
 
     prefix = tmp_path / "prefix"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--prefix", str(prefix), str(wheel)],
-                   check=True)
+    # --ignore-installed: pip leaves the running environment's own (editable) install alone
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", "--prefix",
+                    str(prefix), str(wheel)], check=True)
     data = prefix / "share" / "jupyter"
     env = {**os.environ, "JUPYTER_PATH": str(data)}
     listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True,
@@ -39,3 +40,6 @@ def test_the_wheel_ships_the_lab_extension_enabled(tmp_path):
     section = text[text.index(str(data / "labextensions")):]  # the extensions found in that prefix
     line = next((x for x in section.splitlines()[1:3] if NAME in x), "")
     assert "enabled" in line and "OK" in line, text
+    still = subprocess.run([sys.executable, "-c", "import mlx_nb; print(mlx_nb.__file__)"], capture_output=True,
+                           text=True, cwd=tmp_path)
+    assert still.stdout.strip() == str(REPO / "mlx_nb" / "__init__.py"), still  # the checkout is still what runs
