@@ -158,27 +158,37 @@ class BatchPictureHandler(MLXHandler):
     @web.authenticated
     @authorized
     async def get(self):
-        from mlx_nb.widgets.svg_batch import MAX_WIDTH, MIN_WIDTH, WIDTH, build_batch_svg
+        from mlx_nb.widgets.svg_batch import build_batch_svg
 
-        lanes = self._whole("lanes", "12", 1, 200)
-        width = self._whole("width", str(WIDTH), MIN_WIDTH, MAX_WIDTH)
+        lanes = whole_argument(self, "lanes", "12", 1, 200)
+        width = picture_width_argument(self)
         if self.ext.remote is not None:
             raise not_found("this server relays a backend: its batch is the backend's")
         events = self.engine().events(0)
         self.set_header("Cache-Control", "no-store")
         self.finish(build_batch_svg(events, max_lanes=lanes, width=width), set_content_type="image/svg+xml; charset=utf-8")
 
-    def _whole(self, name: str, default: str, low: int, high: int) -> int:
-        raw = self.get_argument(name, default)
-        if not raw.isdigit() or not low <= int(raw) <= high:
-            raise invalid_request(f"{name} must be a whole number from {low} to {high}, not {raw!r}", name)
-        return int(raw)
+
+
+def whole_argument(handler, name: str, default: str, low: int, high: int) -> int:
+    """A query argument that must be a whole number in low..high (else a 400 saying so)."""
+    raw = handler.get_argument(name, default)
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise invalid_request(f"{name} must be a whole number from {low} to {high}, not {raw!r}", name)
+    return int(raw)
+
+
+def picture_width_argument(handler) -> int:
+    """`?width=PX`: the width to draw a picture for (the Lab's sidebar sends its own)."""
+    from mlx_nb.widgets.theme import MAX_WIDTH, MIN_WIDTH, WIDTH
+
+    return whole_argument(handler, "width", str(WIDTH), MIN_WIDTH, MAX_WIDTH)
 
 
 class CachePictureHandler(MLXHandler):
     """`cache.svg?request_id=ID`: a live request's cache as the CacheInspector widget draws it (rows x
     positions per layer type, then bytes per layer), from the same layout; without an id, a fresh
-    cache. An id that is not live is a 404."""
+    cache. An id that is not live is a 404. `?width=PX` as for `batch.svg`."""
 
     @web.authenticated
     @authorized
@@ -188,13 +198,14 @@ class CachePictureHandler(MLXHandler):
         if self.ext.remote is not None:
             raise not_found("this server relays a backend: its caches are the backend's")
         request_id = self.get_argument("request_id", None) or None
+        width = picture_width_argument(self)
         engine = self.ready_engine()
         try:
             layout = await asyncio.to_thread(engine.cache_layout, request_id)
         except KeyError as exc:
             raise not_found(str(exc.args[0]) if exc.args else f"no live request {request_id!r}") from None
         self.set_header("Cache-Control", "no-store")
-        self.finish(build_cache_svg(layout), set_content_type="image/svg+xml; charset=utf-8")
+        self.finish(build_cache_svg(layout, width=width), set_content_type="image/svg+xml; charset=utf-8")
 
 
 class HealthHandler(MLXHandler):

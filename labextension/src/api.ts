@@ -44,9 +44,9 @@ export async function fetchBatchPicture(lanes: number, width: number): Promise<S
 }
 
 /** A live request's cache as the CacheInspector widget draws it; null once it has ended. */
-export async function fetchCachePicture(id: string): Promise<SVGSVGElement | null> {
+export async function fetchCachePicture(id: string, width: number): Promise<SVGSVGElement | null> {
   const response = await ServerConnection.makeRequest(
-    url(`cache.svg?request_id=${encodeURIComponent(id)}`),
+    url(`cache.svg?request_id=${encodeURIComponent(id)}&width=${pictureWidth(width)}`),
     {},
     settings
   );

@@ -65,9 +65,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         item.show_(latest);
         sidebar.show_(latest);
         if (sidebar.isVisible && latest.ready) {
-          sidebar.showTimeline(await fetchBatchPicture(TIMELINE_LANES, sidebar.timelineWidth));
+          sidebar.showTimeline(await fetchBatchPicture(TIMELINE_LANES, sidebar.pictureWidth));
           if (sidebar.selected !== null) {
-            sidebar.showCache(await fetchCachePicture(sidebar.selected));
+            sidebar.showCache(await fetchCachePicture(sidebar.selected, sidebar.pictureWidth));
           }
         }
       } catch (err) {

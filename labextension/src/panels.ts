@@ -73,8 +73,8 @@ export class Sidebar extends Widget {
     }
   }
 
-  /** The width the timeline has to fill (it is drawn for it, so text keeps its size). */
-  get timelineWidth(): number {
+  /** The width the pictures have to fill (they are drawn for it, so text keeps its size). */
+  get pictureWidth(): number {
     return this.timeline.clientWidth;
   }
 

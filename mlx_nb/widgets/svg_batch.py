@@ -15,11 +15,18 @@ keeps its size instead of the whole picture being scaled down.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from html import escape
 from typing import Optional
 
-from mlx_nb.widgets.theme import BACKGROUND, svg_open
+from mlx_nb.widgets.theme import (
+    BACKGROUND,
+    WIDTH,
+    PictureWidth,
+    cut,
+    legend_rows,
+    picture_width,
+    svg_open,
+)
 
 REASON_COLORS = {"stop": "#2e7d32", "length": "#ef6c00", "abort": "#9e9e9e", "error": "#c62828"}
 DECODE_COLOR = "#64b5f6"
@@ -27,19 +34,11 @@ JOIN_COLOR = "#1565c0"
 LINE_COLOR = "#ab47bc"
 WAIT_OPACITY = ".28"  # waiting is the theme's font colour, faint: grey on light and dark alike
 
-WIDTH, TOP, CHART_H, BAR_H = 760, 26, 56, 22
-NARROW_BELOW, MIN_WIDTH, MAX_WIDTH = 600, 160, 2000
+TOP, CHART_H, BAR_H = 26, 56, 22
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where things go in a picture `width` px wide (see the module docstring)."""
-
-    width: int = WIDTH
-
-    @property
-    def narrow(self) -> bool:
-        return self.width < NARROW_BELOW
+class Layout(PictureWidth):
+    """Where things go in the timeline, for its width (see the module docstring)."""
 
     @property
     def label_w(self) -> int:
@@ -59,12 +58,6 @@ class Layout:
     def lane_h(self) -> int:
         return self.name_h + BAR_H
 
-
-
-def _cut(text: str, chars: float) -> str:
-    """`text` cut to `chars` characters (at least 4), the last one an ellipsis."""
-    n = max(4, int(chars))
-    return text if len(text) <= n else text[:n - 1] + "…"
 
 
 def lanes_from_events(events: list[dict]) -> tuple[list[dict], list[tuple[float, int]]]:
@@ -129,43 +122,23 @@ def lane_title(ln: dict, now: float) -> str:
 
 def _legend(y: float, layout: Layout) -> tuple[str, float]:
     """The legend from `y`, in rows that fit the width; (svg, its height)."""
+    square = '<rect x="{x}" y="4" width="8" height="8" fill="%s"/>'
     items = [
-        ("circle", "", "insert"),
-        ("wait", "", "waiting"),
-        ("join", JOIN_COLOR, "join (extend)"),
-        ("bar", DECODE_COLOR, "decoding"),
-        *[("square", c, f"leave: {r}") for r, c in REASON_COLORS.items()],
-        ("line", LINE_COLOR, "batch size"),
+        ('<circle cx="{x}" cy="8" r="4" style="fill:%s" stroke="currentColor" transform="translate(5,0)"/>' % BACKGROUND,
+         "insert"),
+        ('<rect x="{x}" y="4" width="10" height="8" fill="currentColor" opacity="%s"/>' % WAIT_OPACITY, "waiting"),
+        ('<path d="M1,3 L9,8 L1,13 Z" fill="%s" transform="translate({x},0)"/>' % JOIN_COLOR, "join (extend)"),
+        ('<rect x="{x}" y="4" width="10" height="8" fill="%s"/>' % DECODE_COLOR, "decoding"),
+        *[(square % c, f"leave: {r}") for r, c in REASON_COLORS.items()],
+        ('<line x1="0" y1="8" x2="10" y2="8" stroke="%s" stroke-width="2" transform="translate({x},0)"/>' % LINE_COLOR,
+         "batch size"),
     ]
-    rows: list[list[str]] = [[]]
-    x = 8.0
-    for shape, color, label in items:
-        if rows[-1] and x + 14 + 5.6 * len(label) > layout.width - 8:
-            rows.append([])
-            x = 8.0
-        out = rows[-1]
-        if shape == "circle":
-            out.append(f'<circle cx="{x + 5}" cy="8" r="4" style="fill:{BACKGROUND}" stroke="currentColor"/>')
-        elif shape == "wait":
-            out.append(f'<rect x="{x}" y="4" width="10" height="8" fill="currentColor" opacity="{WAIT_OPACITY}"/>')
-        elif shape == "join":
-            out.append(f'<path d="M{x + 1},3 L{x + 9},8 L{x + 1},13 Z" fill="{color}"/>')
-        elif shape == "bar":
-            out.append(f'<rect x="{x}" y="4" width="10" height="8" fill="{color}"/>')
-        elif shape == "square":
-            out.append(f'<rect x="{x + 1}" y="4" width="8" height="8" fill="{color}"/>')
-        else:
-            out.append(f'<line x1="{x}" y1="8" x2="{x + 10}" y2="8" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<text x="{x + 14}" y="12" font-size="10" fill="currentColor">{escape(label)}</text>')
-        x += 20 + 5.6 * len(label)
-    svg = "".join(f'<g class="legend" transform="translate(0,{y + 16 * r:.0f})">{"".join(row)}</g>'
-                  for r, row in enumerate(rows))
-    return svg, 16 * len(rows) + 8
+    return legend_rows(items, y, layout.width)
 
 
 def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str] = None, width: int = WIDTH) -> str:
-    """The whole timeline as one `<svg>` string, `width` px wide (MIN_WIDTH..MAX_WIDTH)."""
-    layout = Layout(min(MAX_WIDTH, max(MIN_WIDTH, int(width))))
+    """The whole timeline as one `<svg>` string, `width` px wide (see `theme.picture_width`)."""
+    layout = Layout(picture_width(width))
     lanes, sizes = lanes_from_events(events)
     hidden = max(0, len(lanes) - max_lanes)
     lanes = lanes[hidden:]
@@ -187,11 +160,11 @@ def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str
         head += f" (+{hidden} earlier not shown)"
     out = [svg_open("mlx-batch", layout.width, legend_y + legend_h),
            f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">'
-           f'{escape(_cut(head, (layout.width - 16) / 6.8))}</text>']
+           f'{escape(cut(head, (layout.width - 16) / 6.8))}</text>']
     if not lanes:
         note = "no batch events yet: chat from any notebook or client of this server"
         out.append(f'<text x="{layout.label_w}" y="{TOP + 12}" font-size="11" fill="currentColor" opacity=".7">'
-                   f"{escape(_cut(note, plot_w / 5.8))}</text>")
+                   f"{escape(cut(note, plot_w / 5.8))}</text>")
     for i, ln in enumerate(lanes):
         out.append(_lane(ln, TOP + i * layout.lane_h, x, t1, layout))
     out.append(_chart(sizes, x, chart_y, t0, t1, layout))
@@ -205,9 +178,9 @@ def _name(ln: dict, layout: Layout) -> tuple[str, str]:
     label, source = ln["label"] or ln["id"], ln["source"] or ""
     if layout.narrow:  # one line above the bars, "prompt · source", in the width (10 and 8.5 px text)
         room = layout.width - 16
-        first = _cut(label, room * (0.55 if source else 1.0) / 5.6)
-        return first, _cut(source, (room - 5.6 * len(first) - 10) / 4.8) if source else ""
-    return _cut(label, 30), _cut(source, 34)
+        first = cut(label, room * (0.55 if source else 1.0) / 5.6)
+        return first, cut(source, (room - 5.6 * len(first) - 10) / 4.8) if source else ""
+    return cut(label, 30), cut(source, 34)
 
 
 def _lane(ln: dict, y: float, x, now: float, layout: Layout) -> str:

@@ -8,7 +8,9 @@ drawing it before and after each verb shows them. Then the bytes, layer by layer
 identical layers summarized in one line (a fresh 30-layer cache is one line, not 30).
 
 Pure functions, testable without widgets. Colours work on light and dark JupyterLab themes: text
-and lines use `currentColor`, which the root sets from the theme's font colour.
+and lines use `currentColor`, which the root sets from the theme's font colour. Drawn for a given
+width: narrower than 600 px (a sidebar), row labels shorten and each layer's bytes label sits above
+its bar, so text keeps its size.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from html import escape
 from typing import Optional
 
 from mlx_nb.formatting import human_bytes
-from mlx_nb.widgets.theme import svg_open
+from mlx_nb.widgets.theme import (
+    WIDTH,
+    PictureWidth,
+    cut,
+    legend_rows,
+    picture_width,
+    svg_open,
+)
 
 TYPE_COLORS = {
     "KVCache": "#1f77b4",
@@ -31,9 +40,33 @@ TYPE_COLORS = {
 }
 OTHER_COLOR = "#7f7f7f"
 
-WIDTH, TOP, ROW_H, GRID_X, BAR_X, BYTES_H = 760, 26, 14, 150, 330, 16
-GRID_W = WIDTH - GRID_X - 110
-STATE_W = 56
+TOP, ROW_H, BYTES_H, STATE_W = 26, 14, 16, 56
+
+
+class Layout(PictureWidth):
+    """Where things go in the cache picture, for its width (see the module docstring)."""
+
+    @property
+    def grid_x(self) -> int:
+        """Where a grid's cells start, after the row labels."""
+        return 84 if self.narrow else 150
+
+    @property
+    def grid_w(self) -> int:
+        return self.width - self.grid_x - (48 if self.narrow else 110)
+
+    @property
+    def bar_x(self) -> int:
+        """Where a layer's bytes bar starts: after its label, or under it."""
+        return 24 if self.narrow else 330
+
+    @property
+    def bar_w(self) -> int:
+        return self.width - self.bar_x - (64 if self.narrow else 90)
+
+    @property
+    def bytes_h(self) -> int:
+        return 2 * BYTES_H - 2 if self.narrow else BYTES_H
 
 
 def color(kind: str) -> str:
@@ -119,34 +152,38 @@ def grid_title(grid: dict) -> str:
     return f"{where} · {kind} · {size}"
 
 
-def _grid(grid: dict, y: float) -> tuple[str, float]:
+def _grid(grid: dict, y: float, layout: Layout) -> tuple[str, float]:
     """One grid: its title, then a row per batch row. Returns (svg, height)."""
     batch, kind = grid["batch"], grid["type"]
     fill = color(kind)
-    out = [f'<g class="grid" data-type="{escape(kind)}">',
+    gx = layout.grid_x
+    out = [f'<g class="grid" data-type="{escape(kind)}"><title>{escape(grid_title(grid))}</title>',
            f'<text x="8" y="{y + 11:.0f}" font-size="11" font-weight="bold" fill="currentColor">'
-           f"{escape(grid_title(grid))}</text>"]
+           f"{escape(cut(grid_title(grid), (layout.width - 16) / 6.4))}</text>"]
     y += 16
     positions = batch.get("positions") or 0
-    cell = min(14.0, GRID_W / positions) if positions else 0.0
+    cell = min(14.0, layout.grid_w / positions) if positions else 0.0
     for r, row in enumerate(batch["rows"]):
         cy = y + r * ROW_H
         tokens, pad = row.get("tokens"), row.get("padding") or 0
         who = "state" if batch.get("state") else f"{tokens} token{'s' if tokens != 1 else ''}"
         if not batch.get("state") and pad:
             who += f", pad {pad}"
+        short = "state" if batch.get("state") else str(tokens)  # narrow: the padding shows as dashed cells
         out.append(f'<g class="row" data-row="{r}" data-padding="{escape(str(pad))}" data-tokens="{escape(str(tokens))}">'
-                   f'<text x="{GRID_X - 6}" y="{cy + 10:.0f}" font-size="10" text-anchor="end" '
-                   f'fill="currentColor">row {r} · {escape(who)}</text>')
+                   f'<title>row {r} · {escape(who)}</title>'
+                   f'<text x="{gx - 6}" y="{cy + 10:.0f}" font-size="10" text-anchor="end" '
+                   f'fill="currentColor">row {r} · {escape(short if layout.narrow else who)}</text>')
         if batch.get("state"):
-            out.append(f'<rect class="state" x="{GRID_X}" y="{cy + 1:.0f}" width="{STATE_W}" height="{ROW_H - 3}" '
+            out.append(f'<rect class="state" x="{gx}" y="{cy + 1:.0f}" width="{STATE_W}" height="{ROW_H - 3}" '
                        f'fill="{fill}" rx="2"/>')
         else:
-            out.append(_cells(GRID_X, cy, cell, pad, positions, fill))
+            out.append(_cells(gx, cy, cell, pad, positions, fill))
             held = positions - pad
             if tokens is not None and tokens > held >= 0:  # a sliding window that dropped its oldest
-                out.append(f'<text x="{GRID_X + positions * cell + 6:.0f}" y="{cy + 10:.0f}" font-size="10" '
-                           f'fill="currentColor" opacity=".75">+{tokens - held} dropped</text>')
+                dropped = f"+{tokens - held}" + ("" if layout.narrow else " dropped")
+                out.append(f'<text x="{gx + positions * cell + 6:.0f}" y="{cy + 10:.0f}" font-size="10" '
+                           f'fill="currentColor" opacity=".75">{dropped}</text>')
         out.append("</g>")
     height = 16 + len(batch["rows"]) * ROW_H + 8
     return "".join(out) + "</g>", height
@@ -188,48 +225,45 @@ def runs(layers: list[dict]) -> list[tuple[list[int], dict]]:
     return list(out.values())
 
 
-def _bytes_row(numbers: list[int], layer: dict, y: float, largest: int) -> str:
+def _bytes_row(numbers: list[int], layer: dict, y: float, largest: int, layout: Layout) -> str:
     kind = layer.get("type") or "?"
     nbytes = layer.get("nbytes") or 0
     where = layer_span(numbers)
     count = f" x{len(numbers)}" if len(numbers) > 1 else ""
     label = f"{where} {_label(layer)}{count}"
-    short = label if len(label) <= 50 else label[:49] + "…"
+    short = cut(label, (layout.width - 32) / 5.9 if layout.narrow else 50)
+    by = y + (BYTES_H - 2 if layout.narrow else 0)  # the bar's line: under the label when narrow
     out = [f'<g class="layer" data-layer="{escape(str(numbers[0]))}" data-layers="{len(numbers)}" data-type="{escape(kind)}">'
            f"<title>{escape(label)} - {nbytes} bytes each, dtype {escape(str(layer.get('dtype')))}</title>",
            f'<rect x="8" y="{y + 3}" width="10" height="{BYTES_H - 6}" fill="{color(kind)}"/>',
            f'<text x="24" y="{y + BYTES_H - 5}" font-size="10.5" fill="currentColor">{escape(short)}</text>']
-    bar_w = WIDTH - BAR_X - 90
     members = layer.get("members") or []
     segments = [(m.get("type") or "?", m.get("nbytes") or 0) for m in members] or [(kind, nbytes)]
-    x = float(BAR_X)
+    x = float(layout.bar_x)
     for seg_kind, seg_bytes in segments:
-        w = bar_w * seg_bytes / largest
+        w = layout.bar_w * seg_bytes / largest
         if w > 0:
-            out.append(f'<rect class="bar" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{BYTES_H - 6}" '
+            out.append(f'<rect class="bar" x="{x:.1f}" y="{by + 3}" width="{w:.1f}" height="{BYTES_H - 6}" '
                        f'fill="{color(seg_kind)}"/>')
         x += w
-    each = " each" if len(numbers) > 1 else ""
-    out.append(f'<text x="{x + 4:.1f}" y="{y + BYTES_H - 5}" font-size="10" fill="currentColor" opacity=".75">'
+    each = "" if len(numbers) == 1 or layout.narrow else " each"
+    out.append(f'<text x="{x + 4:.1f}" y="{by + BYTES_H - 5}" font-size="10" fill="currentColor" opacity=".75">'
                f"{human_bytes(nbytes)}{each}</text></g>")
     return "".join(out)
 
 
-def _legend(kinds: list[str], y: float, padding: bool) -> str:
-    out, x = [f'<g class="legend" transform="translate(8,{y:.0f})">'], 0
-    items = [(k, f'<rect x="{{x}}" y="2" width="10" height="10" fill="{color(k)}"/>') for k in kinds]
+def _legend(kinds: list[str], y: float, padding: bool, layout: Layout) -> tuple[str, float]:
+    items = [(f'<rect x="{{x}}" y="2" width="10" height="10" fill="{color(k)}"/>', k) for k in kinds]
     if padding:
-        items.append(("left padding", '<rect x="{x}" y="2.5" width="9" height="9" fill="none" stroke="currentColor" '
-                                      'stroke-opacity=".45" stroke-dasharray="2 1.5"/>'))
-    for label, swatch in items:
-        out.append(swatch.format(x=x) + f'<text x="{x + 14}" y="11" font-size="10.5" fill="currentColor">'
-                   f"{escape(label)}</text>")
-        x += 24 + 6.5 * len(label)
-    return "".join(out) + "</g>"
+        items.append(('<rect x="{x}" y="2.5" width="9" height="9" fill="none" stroke="currentColor" '
+                      'stroke-opacity=".45" stroke-dasharray="2 1.5"/>', "left padding"))
+    return legend_rows(items, y, layout.width, font=10.5, char_w=6.5, gap=24)
 
 
-def build_cache_svg(layout: dict, title: Optional[str] = None) -> str:
-    """The whole layout as one `<svg>` string: rows x positions, then bytes per layer."""
+def build_cache_svg(layout: dict, title: Optional[str] = None, width: int = WIDTH) -> str:
+    """The whole layout as one `<svg>` string: rows x positions, then bytes per layer; drawn for
+    `width` px (see `theme.picture_width`)."""
+    shape = Layout(picture_width(width))
     layers = layout.get("layers") or []
     total = sum(layer.get("nbytes") or 0 for layer in layers)
     who = f"request {layout['request']}" if layout.get("request") else layout.get("what", "fresh cache")
@@ -237,21 +271,24 @@ def build_cache_svg(layout: dict, title: Optional[str] = None) -> str:
     body, y = [], TOP
     drawn = [g for g in grids(layers) if g["batch"].get("state") or g["batch"].get("positions")]
     for grid in drawn:
-        svg, h = _grid(grid, y)
+        svg, h = _grid(grid, y, shape)
         body.append(svg)
         y += h
     if layers and not drawn:
+        note = "no tokens held yet: a fresh cache (pass a live request id, or follow one with auto_refresh=True)"
         body.append(f'<text x="8" y="{y + 11:.0f}" font-size="11" fill="currentColor" opacity=".75">'
-                    "no tokens held yet: a fresh cache (pass a live request id, or follow one with "
-                    "auto_refresh=True)</text>")
+                    f"{escape(cut(note, (shape.width - 16) / 5.9))}</text>")
         y += 20
     largest = max((layer.get("nbytes") or 0 for layer in layers), default=0) or 1
     for numbers, layer in runs(layers):
-        body.append(_bytes_row(numbers, layer, y, largest))
-        y += BYTES_H
+        body.append(_bytes_row(numbers, layer, y, largest, shape))
+        y += shape.bytes_h
     padding = any(row.get("padding") for g in drawn for row in g["batch"]["rows"])
-    body.append(_legend(_types(layers), y + 8, padding))
-    height = y + 30
-    return (svg_open("mlx-cache", WIDTH, height) +
-            f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">{escape(head)}</text>' +
-            "".join(body) + "</svg>")
+    legend, legend_h = _legend(_types(layers), y + 6, padding, shape)
+    body.append(legend)
+    shown = head
+    if shape.narrow and not title:  # the model is named in the title (hover) and the sidebar's header
+        shown = f"{who} - {len(layers)} layers - {human_bytes(total)}"
+    return (svg_open("mlx-cache", shape.width, y + 6 + legend_h) + f"<title>{escape(head)}</title>" +
+            f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">'
+            f'{escape(cut(shown, (shape.width - 16) / 6.8) if shape.narrow else shown)}</text>' + "".join(body) + "</svg>")

@@ -9,11 +9,59 @@ something (cache types, decode bars) are mid-tone colours that read on either ba
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from html import escape
+
+# Pictures are drawn for the width they are shown at (the Lab's sidebar asks for its own), so text
+# keeps its size; below NARROW_BELOW px their layouts stack labels over what they label.
+WIDTH, NARROW_BELOW, MIN_WIDTH, MAX_WIDTH = 760, 600, 160, 2000
 
 FONT = "var(--jp-ui-font-color1, #222)"
 BACKGROUND = "var(--jp-layout-color1, #fff)"
 MUTED = "var(--jp-ui-font-color2, #666)"
+
+
+@dataclass(frozen=True)
+class PictureWidth:
+    """The width a picture is drawn for; its layouts derive their places from it."""
+
+    width: int = WIDTH
+
+    @property
+    def narrow(self) -> bool:
+        """Labels stack over what they label (a sidebar)."""
+        return self.width < NARROW_BELOW
+
+
+def picture_width(width: float) -> int:
+    """`width` within MIN_WIDTH..MAX_WIDTH."""
+    return min(MAX_WIDTH, max(MIN_WIDTH, int(width)))
+
+
+def cut(text: str, chars: float) -> str:
+    """`text` cut to `chars` characters (at least 4), the last one an ellipsis."""
+    n = max(4, int(chars))
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def legend_rows(items: list[tuple[str, str]], y: float, width: float, font: float = 10,
+                char_w: float = 5.6, gap: float = 20) -> tuple[str, float]:
+    """A legend from `y`: (swatch, label) items, each swatch an SVG fragment with `{x}` where its
+    left edge goes (12 px wide, in a 16-px row), in as many rows as the width needs, each label
+    taken as `char_w` px a character; (svg, height)."""
+    rows: list[list[str]] = [[]]
+    x = 8.0
+    for swatch, label in items:
+        w = gap + char_w * len(label)
+        if rows[-1] and x + w > width - 8:
+            rows.append([])
+            x = 8.0
+        rows[-1].append(swatch.format(x=x) + f'<text x="{x + 14:.1f}" y="12" font-size="{font}" '
+                        f'fill="currentColor">{escape(label)}</text>')
+        x += w
+    svg = "".join(f'<g class="legend" transform="translate(0,{y + 16 * r:.0f})">{"".join(row)}</g>'
+                  for r, row in enumerate(rows))
+    return svg, 16 * len(rows) + 8
 
 
 def svg_open(cls: str, width: float, height: float) -> str:

@@ -135,8 +135,9 @@ def batch_layer(i, kind, rows, positions, **extra):
                                                                "positions": positions, "state": False, **extra}}
 
 
-def test_rows_by_positions_show_padding_tokens_and_the_window():
-    layout = {"model": "m", "request": None, "layers": [
+def windowed_layout() -> dict:
+    """Two rows (one padded) in a sliding window, plain KV and fixed-size state layers."""
+    return {"model": "m", "request": None, "layers": [
         batch_layer(0, "BatchRotatingKVCache", [(5, 3), (0, 11)], 8, window=8),
         batch_layer(1, "BatchKVCache", [(8, 3), (0, 11)], 11),
         batch_layer(2, "BatchRotatingKVCache", [(5, 3), (0, 11)], 8, window=8),
@@ -144,7 +145,10 @@ def test_rows_by_positions_show_padding_tokens_and_the_window():
         {"layer": 4, "type": "ArraysCache", "nbytes": 64,
          "batch": {"rows": [{"padding": 0, "tokens": None}] * 2, "positions": None, "state": True}},
     ]}
-    root = parse(build_cache_svg(layout))
+
+
+def test_rows_by_positions_show_padding_tokens_and_the_window():
+    root = parse(build_cache_svg(windowed_layout()))
     grids = [g for g in root.iter() if g.get("class") == "grid"]
     assert [g.get("data-type") for g in grids] == ["BatchRotatingKVCache", "BatchKVCache", "ArraysCache"]
     titles = [texts(g)[0].text for g in grids]
@@ -198,3 +202,27 @@ def test_batch_svg_drawn_for_narrow_and_wide_widths():
             assert all(el.get("text-anchor") == "end" and el.get("x") == "194" for el in names), width
     assert build_batch_svg(EVENTS, width=50).count('width="160"') >= 1  # clamped to the smallest
     assert build_batch_svg(EVENTS) == build_batch_svg(EVENTS, width=760)
+
+
+def test_cache_svg_drawn_for_narrow_and_wide_widths():
+    """The cache picture at a sidebar's width: short row labels, each layer's bytes label above its
+    bar, cells and bars inside the picture, the full texts kept as hover titles; wide as before."""
+    for width in (160, 234, 320, 599, 600, 760):
+        svg = build_cache_svg(windowed_layout(), width=width)
+        root = parse(svg)
+        assert root.get("width") == str(width), width
+        narrow = width < 600
+        grids = [g for g in root.iter() if g.get("class") == "grid"]
+        window_rows = [r for r in grids[0] if r.get("class") == "row"]
+        assert [t.text for t in texts(window_rows[1])] == (["row 1 · 11", "+3"] if narrow else
+                                                           ["row 1 · 11 tokens", "+3 dropped"]), width
+        assert any(el.text == "row 0 · 3 tokens, pad 5" for el in window_rows[0].iter() if el.tag.endswith("}title"))
+        for rect in (el for el in root.iter() if el.get("class") in ("pad", "tok", "state", "bar")):
+            assert float(rect.get("x")) + float(rect.get("width")) <= width - 8, (width, rect.attrib)
+        for layer in (g for g in root.iter() if g.get("class") == "layer"):
+            label_y = float(texts(layer)[0].get("y"))
+            bar_y = min(float(r.get("y")) for r in layer.iter() if r.get("class") == "bar")
+            assert (bar_y > label_y) == narrow, width  # the bar under its label when narrow
+        legend = svg[svg.index('class="legend"'):]
+        assert all(k in legend for k in ("BatchRotatingKVCache", "BatchKVCache", "ArraysCache", "left padding"))
+    assert build_cache_svg(windowed_layout()) == build_cache_svg(windowed_layout(), width=760)

@@ -45,6 +45,11 @@ async def test_a_live_requests_cache_picture(jp_fetch, mlx_ready):
     svg = r.body.decode()
     assert r.headers["Content-Type"].startswith("image/svg+xml")
     assert svg.startswith("<svg") and f"request {handle.id}" in svg and 'class="grid"' in svg
+    narrow = (await jp_fetch("mlx", "v1", "cache.svg", params={"request_id": handle.id, "width": "300"})).body.decode()
+    assert 'width="300"' in narrow[:200] and f"request {handle.id}" in narrow and 'class="grid"' in narrow
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("mlx", "v1", "cache.svg", params={"request_id": handle.id, "width": "9"})
+    assert err.value.code == 400 and "width must be a whole number" in err.value.response.body.decode()
     handle.abort()
     await handle.aresult()
     with pytest.raises(HTTPClientError) as err:
