@@ -11,7 +11,11 @@ pipelining, the bookkeeping the batch's other methods read) and:
 - samples every row holding a `TokenSampler` in one call: argmax at temperature 0, else the kernels'
   sampler (mlx_lm's top-p / min-p / top-k semantics, one uniform draw per row; a seeded request
   draws from its own key), and MLX's ops for these rows when the kernels are not built.
-A request's first token is sampled by mlx_lm's own step, where its prompt batch joins.
+A request's first token is sampled by the same step: `PromptBatch.generate` starts the rows whose
+prompts end as a DecodeBatch (mlx_lm's starts a plain GenerationBatch, normalizing every row over
+the vocabulary once more). When every row of the prompt batch ends in the same step (a lone chat,
+a burst of short ones), `PromptBatch.split` hands its cache over instead of deep-copying it: mlx_lm
+copies the cache for the rows that stay, and here none do.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 from typing import Optional
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 
 from mlx_nb import kernels
 from mlx_nb.engine.sampling import TokenSampler
@@ -112,11 +116,42 @@ class DecodeBatch(GenerationBatch):
         return inputs, self._current_logprobs
 
 
+# the per-row fields of a prompt batch (what mlx_lm's PromptProcessingBatch.filter keeps or drops)
+ROW_FIELDS = ("uids", "prompt_cache", "tokens", "samplers", "logits_processors", "max_tokens", "stop_sequences")
+
+
+class PromptBatch(PromptProcessingBatch):
+    """mlx_lm's prompt batch whose finished rows start decoding as a DecodeBatch, and whose cache
+    moves rather than being copied when every row finishes at once (see the module docstring)."""
+
+    def split(self, indices: list[int]):
+        if sorted(indices) != list(range(len(self.uids))):
+            return super().split(indices)  # some rows stay: mlx_lm copies the cache for them
+        moved = self.__class__.__new__(self.__class__)
+        moved.__dict__.update(self.__dict__)
+        for name in ROW_FIELDS:  # this batch keeps none of them
+            setattr(self, name, [])
+        return moved
+
+    def generate(self, tokens: list[list[int]]) -> "DecodeBatch":
+        """As mlx_lm's: the prompts but their last tokens read, then a decode batch on those."""
+        if any(len(t) > 1 for t in tokens):
+            self.prompt([t[:-1] for t in tokens])
+        batch = DecodeBatch(self.model, self.uids, mx.array([t[-1] for t in tokens]), self.prompt_cache, self.tokens,
+                            self.samplers, self.fallback_sampler, self.logits_processors, self.stop_sequences,
+                            self.max_tokens)
+        for name in ROW_FIELDS:
+            setattr(self, name, [])
+        return batch
+
+
 class Generator(BatchGenerator):
     """mlx_lm's BatchGenerator (prompt batches, merge / filter / extend, stop sequences) whose
-    decode batch is a DecodeBatch. The decode batch is created once and every prompt batch that
-    finishes joins it through `extend`."""
+    decode batch is a DecodeBatch and whose prompt batch is a PromptBatch. The decode batch is
+    created once and every prompt batch that finishes joins it through `extend`."""
 
     def __init__(self, model, **kwargs):
         super().__init__(model, **kwargs)
+        self._prompt_batch = PromptBatch.empty(self.model, self.sampler,
+                                               prefill_step_size=self._prompt_batch.prefill_step_size)
         self._generation_batch = DecodeBatch.empty(self.model, self.sampler)
