@@ -169,7 +169,6 @@ class BatchPictureHandler(MLXHandler):
         self.finish(build_batch_svg(events, max_lanes=lanes, width=width), set_content_type="image/svg+xml; charset=utf-8")
 
 
-
 def whole_argument(handler, name: str, default: str, low: int, high: int) -> int:
     """A query argument that must be a whole number in low..high (else a 400 saying so)."""
     raw = handler.get_argument(name, default)

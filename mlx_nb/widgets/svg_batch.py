@@ -15,13 +15,13 @@ keeps its size instead of the whole picture being scaled down.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from html import escape
 from typing import Optional
 
 from mlx_nb.widgets.theme import (
     BACKGROUND,
     WIDTH,
-    PictureWidth,
     cut,
     legend_rows,
     picture_width,
@@ -37,27 +37,26 @@ WAIT_OPACITY = ".28"  # waiting is the theme's font colour, faint: grey on light
 TOP, CHART_H, BAR_H = 26, 56, 22
 
 
-class Layout(PictureWidth):
-    """Where things go in the timeline, for its width (see the module docstring)."""
+@dataclass(frozen=True)
+class Layout:
+    """Where things go in the timeline (see the module docstring): where the time axis starts
+    (after the name column, or at the margin), the right margin, and the height of a lane's name
+    line above its bars (narrow only)."""
 
-    @property
-    def label_w(self) -> int:
-        """Where the time axis starts: after the name column, or at the margin."""
-        return 8 if self.narrow else 200
+    width: int
+    narrow: bool
+    label_w: int
+    right: int
+    name_h: int
 
-    @property
-    def right(self) -> int:
-        return 8 if self.narrow else 16
-
-    @property
-    def name_h(self) -> int:
-        """Height of a lane's name line above its bars (narrow only)."""
-        return 12 if self.narrow else 0
+    @classmethod
+    def of(cls, width: float) -> "Layout":
+        w, narrow = picture_width(width)
+        return cls(w, True, 8, 8, 12) if narrow else cls(w, False, 200, 16, 0)
 
     @property
     def lane_h(self) -> int:
         return self.name_h + BAR_H
-
 
 
 def lanes_from_events(events: list[dict]) -> tuple[list[dict], list[tuple[float, int]]]:
@@ -138,7 +137,7 @@ def _legend(y: float, layout: Layout) -> tuple[str, float]:
 
 def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str] = None, width: int = WIDTH) -> str:
     """The whole timeline as one `<svg>` string, `width` px wide (see `theme.picture_width`)."""
-    layout = Layout(picture_width(width))
+    layout = Layout.of(width)
     lanes, sizes = lanes_from_events(events)
     hidden = max(0, len(lanes) - max_lanes)
     lanes = lanes[hidden:]

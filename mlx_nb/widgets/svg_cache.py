@@ -15,13 +15,13 @@ its bar, so text keeps its size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
 from typing import Optional
 
 from mlx_nb.formatting import human_bytes
 from mlx_nb.widgets.theme import (
     WIDTH,
-    PictureWidth,
     cut,
     legend_rows,
     picture_width,
@@ -43,30 +43,32 @@ OTHER_COLOR = "#7f7f7f"
 TOP, ROW_H, BYTES_H, STATE_W = 26, 14, 16, 56
 
 
-class Layout(PictureWidth):
-    """Where things go in the cache picture, for its width (see the module docstring)."""
+@dataclass(frozen=True)
+class Layout:
+    """Where things go in the cache picture (see the module docstring): where a grid's cells start
+    (after the row labels) and the room kept right of them, where a layer's bytes bar starts (after
+    its label, or under it) and the room kept right of it, and a layer's bytes row height."""
 
-    @property
-    def grid_x(self) -> int:
-        """Where a grid's cells start, after the row labels."""
-        return 84 if self.narrow else 150
+    width: int
+    narrow: bool
+    grid_x: int
+    grid_right: int
+    bar_x: int
+    bar_right: int
+    bytes_h: int
+
+    @classmethod
+    def of(cls, width: float) -> "Layout":
+        w, narrow = picture_width(width)
+        return cls(w, True, 84, 48, 24, 64, 2 * BYTES_H - 2) if narrow else cls(w, False, 150, 110, 330, 90, BYTES_H)
 
     @property
     def grid_w(self) -> int:
-        return self.width - self.grid_x - (48 if self.narrow else 110)
-
-    @property
-    def bar_x(self) -> int:
-        """Where a layer's bytes bar starts: after its label, or under it."""
-        return 24 if self.narrow else 330
+        return self.width - self.grid_x - self.grid_right
 
     @property
     def bar_w(self) -> int:
-        return self.width - self.bar_x - (64 if self.narrow else 90)
-
-    @property
-    def bytes_h(self) -> int:
-        return 2 * BYTES_H - 2 if self.narrow else BYTES_H
+        return self.width - self.bar_x - self.bar_right
 
 
 def color(kind: str) -> str:
@@ -263,7 +265,7 @@ def _legend(kinds: list[str], y: float, padding: bool, layout: Layout) -> tuple[
 def build_cache_svg(layout: dict, title: Optional[str] = None, width: int = WIDTH) -> str:
     """The whole layout as one `<svg>` string: rows x positions, then bytes per layer; drawn for
     `width` px (see `theme.picture_width`)."""
-    shape = Layout(picture_width(width))
+    shape = Layout.of(width)
     layers = layout.get("layers") or []
     total = sum(layer.get("nbytes") or 0 for layer in layers)
     who = f"request {layout['request']}" if layout.get("request") else layout.get("what", "fresh cache")

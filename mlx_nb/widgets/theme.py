@@ -9,7 +9,6 @@ something (cache types, decode bars) are mid-tone colours that read on either ba
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
 from html import escape
 
 # Pictures are drawn for the width they are shown at (the Lab's sidebar asks for its own), so text
@@ -21,21 +20,11 @@ BACKGROUND = "var(--jp-layout-color1, #fff)"
 MUTED = "var(--jp-ui-font-color2, #666)"
 
 
-@dataclass(frozen=True)
-class PictureWidth:
-    """The width a picture is drawn for; its layouts derive their places from it."""
-
-    width: int = WIDTH
-
-    @property
-    def narrow(self) -> bool:
-        """Labels stack over what they label (a sidebar)."""
-        return self.width < NARROW_BELOW
-
-
-def picture_width(width: float) -> int:
-    """`width` within MIN_WIDTH..MAX_WIDTH."""
-    return min(MAX_WIDTH, max(MIN_WIDTH, int(width)))
+def picture_width(width: float) -> tuple[int, bool]:
+    """`width` within MIN_WIDTH..MAX_WIDTH, and whether it is narrow (labels stack over what they
+    label, as in a sidebar)."""
+    w = min(MAX_WIDTH, max(MIN_WIDTH, int(width)))
+    return w, w < NARROW_BELOW
 
 
 def cut(text: str, chars: float) -> str:
