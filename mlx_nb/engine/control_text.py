@@ -12,11 +12,15 @@ completion prompts are left alone: their author writes the whole prompt, control
 
 from __future__ import annotations
 
-import functools
 import re
+import weakref
 from typing import Any, Optional
 
 WORD_JOINER = "\u2060"
+
+# tokenizer -> the pattern of its control tokens' texts: a prompt renders several times a request
+# (once per prefix segment), and some tokenizers list thousands of added tokens
+_PATTERNS: "weakref.WeakKeyDictionary[Any, Optional[re.Pattern]]" = weakref.WeakKeyDictionary()
 
 
 def control_tokens(tokenizer: Any) -> tuple[str, ...]:
@@ -28,11 +32,18 @@ def control_tokens(tokenizer: Any) -> tuple[str, ...]:
     return tuple(sorted(t for t in found if isinstance(t, str) and len(t) > 1))
 
 
-@functools.lru_cache(maxsize=32)
-def _pattern(tokens: tuple[str, ...]) -> Optional[re.Pattern]:
-    if not tokens:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+def _pattern(tokenizer: Any) -> Optional[re.Pattern]:
+    try:
+        return _PATTERNS[tokenizer]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referenceable (then not kept)
+        pass
+    tokens = control_tokens(tokenizer)
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))) if tokens else None
+    try:
+        _PATTERNS[tokenizer] = pattern
+    except TypeError:
+        pass
+    return pattern
 
 
 def _break(match: re.Match) -> str:
@@ -43,13 +54,13 @@ def _break(match: re.Match) -> str:
 def inert(value: Any, tokenizer: Any) -> Any:
     """`value` (messages, tools: any JSON-like value) with every control token's text in its strings
     broken; values without any are returned as they are. Non-string leaves (images) are untouched."""
-    pattern = _pattern(control_tokens(tokenizer))
+    pattern = _pattern(tokenizer)
     if pattern is None:
         return value
 
     def walk(v: Any) -> Any:
         if isinstance(v, str):
-            return pattern.sub(_break, v) if pattern.search(v) else v
+            return pattern.sub(_break, v)
         if isinstance(v, dict):
             return {k: walk(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):

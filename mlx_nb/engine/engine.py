@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 from mlx_nb.engine import workers
 from mlx_nb.engine.constrained import Constraint, from_request, processor_for
 from mlx_nb.engine.events import EventLog, prompt_snippet
+from mlx_nb.engine.fim import fim_format, fim_prompt
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
 from mlx_nb.models.cache_layout import describe_layers
@@ -25,7 +26,6 @@ from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.loop import EngineClosedError, EngineLoop
 from mlx_nb.engine.messages import normalize_messages
 from mlx_nb.engine.prefix import segment_boundaries
-from mlx_nb.engine.fim import fim_format, fim_prompt
 from mlx_nb.engine.prompts import chat_tool_format, encode_prompt, render_chat
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
