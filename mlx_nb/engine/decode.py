@@ -148,7 +148,15 @@ class PromptBatch(PromptProcessingBatch):
 class Generator(BatchGenerator):
     """mlx_lm's BatchGenerator (prompt batches, merge / filter / extend, stop sequences) whose
     decode batch is a DecodeBatch and whose prompt batch is a PromptBatch. The decode batch is
-    created once and every prompt batch that finishes joins it through `extend`."""
+    created once and every prompt batch that finishes joins it through `extend`.
+
+    mlx_lm starts new prompts while `completion_batch_size` exceeds the decode batch alone; the
+    rows still in the prompt batch join it too, so with requests arriving over several steps the
+    decode batch outgrew the bound (3 rows with max_batch 2). `_make_batch` counts them."""
+
+    def _make_batch(self, n: int):
+        room = self.completion_batch_size - len(self._generation_batch) - len(self._prompt_batch)
+        return super()._make_batch(max(0, min(n, room)))
 
     def __init__(self, model, **kwargs):
         super().__init__(model, **kwargs)

@@ -71,3 +71,22 @@ def test_max_batch_bounds_the_decode_batch_whatever_the_prefill_batch():
         assert all(h.result(timeout=120).finish_reason in ("stop", "length") for h in handles)
         status = engine.status()
     assert status["prefill_batch"] == 4 and status["peak_batch_size"] == 4
+
+
+def test_max_batch_holds_when_requests_arrive_over_several_steps():
+    """Rows still in the prompt batch count against max_batch: requests arriving while others
+    prefill and finish at different steps once grew a max_batch-2 decode batch to 3."""
+    import random
+    import time
+
+    rng = random.Random(3)
+    with Engine("tiny-llama", max_batch=2, prefill_batch=32, prefix_cache=False, wait=True) as engine:
+        eos = {t: -100 for t in engine.loaded.tokenizer.eos_token_ids}
+        handles = []
+        for i in range(24):
+            handles.append(engine.submit(prompt=f"request {i} " * rng.randint(1, 5), max_tokens=rng.randint(2, 9),
+                                         logit_bias=eos))
+            time.sleep(rng.random() * 0.01)
+        assert all(h.result(timeout=120).finish_reason == "length" for h in handles)
+        sizes = [e["detail"]["batch_size"] for e in engine.events() if "batch_size" in e["detail"]]
+        assert engine.status()["peak_batch_size"] == 2 and max(sizes) == 2, sizes
