@@ -159,6 +159,9 @@ class Generator(BatchGenerator):
         return super()._make_batch(max(0, min(n, room)))
 
     def __init__(self, model, **kwargs):
+        from mlx_nb.engine.upstream_guard import require
+
+        require()  # the private names below are mlx_lm's: a changed mlx_lm fails here, in one line
         super().__init__(model, **kwargs)
         self._prompt_batch = PromptBatch.empty(self.model, self.sampler,
                                                prefill_step_size=self._prompt_batch.prefill_step_size)

@@ -2,9 +2,11 @@
 
 Requests join the running batch while it decodes (insert -> merged prompt batch -> extend into
 the decode batch) and leave it when they finish or are aborted (filter). Each `step()` is one
-`BatchGenerator.next()`: one decode step for every decoding row plus one prefill chunk. Only
-BatchGenerator's public keyword API is used (insert_segments, next, remove, extract_cache), and
-what it returns is unpacked through `upstream`, which checks the shapes.
+`BatchGenerator.next()`: one decode step for every decoding row plus one prefill chunk. This module
+calls the generator's public keyword API (insert_segments, next, remove, extract_cache) and unpacks
+what it returns through `upstream`, which checks the shapes. The generator itself (`decode.Generator`)
+subclasses mlx_lm's private batch classes: `upstream_guard` lists every private name it relies on,
+and mlx-lm is pinned exactly.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from mlx_nb.engine.constrained import Constraint, from_request, tool_call
 from mlx_nb.engine.prompts import encode_prompt
 from mlx_nb.engine.types import RequestError
 from mlx_nb.models import load_model
+from held import held
 from reference import reply_tokens
 
 WORDS = ["name", "age", "city", "tags", "score", "kind", "items", "ok", "note", "id", "size", "level"]
@@ -97,9 +98,11 @@ def test_free_rows_of_a_constrained_batch_equal_generate_step_alone():
     cases = schemas(4, seed=3)
     with Engine("tiny-llama", wait=True) as engine:
         handles = []
-        for i, p in enumerate(prompts):  # interleaved: constrained and free rows side by side
-            handles.append(engine.submit(prompt=p, max_tokens=12))
-            handles.append(engine.submit(prompt=p, max_tokens=200, temperature=1.0, seed=i, response_format=fmt(cases[i])))
+        with held(engine):  # all eight reach the engine at one step: they decode as one batch
+            for i, p in enumerate(prompts):  # interleaved: constrained and free rows side by side
+                handles.append(engine.submit(prompt=p, max_tokens=12))
+                handles.append(engine.submit(prompt=p, max_tokens=200, temperature=1.0, seed=i,
+                                             response_format=fmt(cases[i])))
         results = [h.result(timeout=120) for h in handles]
         assert engine.status()["peak_batch_size"] == 8
     assert [r.token_ids for r in results[0::2]] == want

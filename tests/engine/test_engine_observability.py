@@ -3,6 +3,7 @@
 import time
 
 from mlx_nb import Engine
+from held import held
 
 
 def test_status_reports_each_request_and_the_engine(llama_engine):
@@ -67,7 +68,8 @@ def test_events_are_a_bounded_ring_with_increasing_sequence_numbers():
 
 def test_max_batch_bounds_the_decode_batch_whatever_the_prefill_batch():
     with Engine("tiny-llama", max_batch=4, prefill_batch=32, wait=True) as engine:
-        handles = [engine.submit(prompt=f"request {i}", max_tokens=12) for i in range(8)]
+        with held(engine):  # eight at one step: four start, four wait for room
+            handles = [engine.submit(prompt=f"request {i}", max_tokens=12) for i in range(8)]
         assert all(h.result(timeout=120).finish_reason in ("stop", "length") for h in handles)
         status = engine.status()
     assert status["prefill_batch"] == 4 and status["peak_batch_size"] == 4
@@ -83,6 +85,8 @@ def test_max_batch_holds_when_requests_arrive_over_several_steps():
     with Engine("tiny-llama", max_batch=2, prefill_batch=32, prefix_cache=False, wait=True) as engine:
         eos = {t: -100 for t in engine.loaded.tokenizer.eos_token_ids}
         handles = []
+        with held(engine):  # the first two at one step: the batch reaches its bound at once
+            handles += [engine.submit(prompt=f"first {i}", max_tokens=9, logit_bias=eos) for i in range(2)]
         for i in range(24):
             handles.append(engine.submit(prompt=f"request {i} " * rng.randint(1, 5), max_tokens=rng.randint(2, 9),
                                          logit_bias=eos))

@@ -16,6 +16,7 @@ def test_four_questions_batched_equal_mlx_lm_alone():
     # the engine thread, the only one that touches MLX).
     from mlx_nb.engine.messages import normalize_messages
     from mlx_nb.engine.prompts import encode_prompt, render_chat
+    from held import held
     from reference import greedy_alone
 
     with Engine("smollm2-135m-instruct", prefix_cache=False, wait=True) as engine:
@@ -26,7 +27,8 @@ def test_four_questions_batched_equal_mlx_lm_alone():
         eos = set(loaded.tokenizer.eos_token_ids)
         alone = [[t for t in engine._call(lambda p=p: greedy_alone(loaded, p, 24), timeout=120) if t not in eos]
                  for p in prompts]
-        handles = [engine.submit(messages=c, max_tokens=24) for c in chats]
+        with held(engine):  # the four reach the engine at one step: one padded batch
+            handles = [engine.submit(messages=c, max_tokens=24) for c in chats]
         batched = [h.result(timeout=300) for h in handles]
         assert engine.status()["peak_batch_size"] == 4
         assert len({len(p) for p in prompts}) > 1  # padding is exercised

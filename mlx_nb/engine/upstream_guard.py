@@ -1,0 +1,106 @@
+"""The private parts of mlx_lm the engine builds on, named in one table and checked.
+
+`decode.py` subclasses mlx_lm's batch classes and overrides private methods (`GenerationBatch._step`,
+`PromptProcessingBatch.split` / `generate`, `BatchGenerator._make_batch`) and reads private
+attributes of theirs. pyproject.toml pins mlx-lm exactly; this table is what an upgrade must keep.
+`check()` compares each entry with what is installed and returns the differences, one line each;
+the engine calls it before it builds a batch (`require()`), so a changed mlx_lm fails at once with
+what changed and what to do, never deep inside a decode step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Optional
+
+TESTED = {"mlx-lm": "0.32.2"}
+
+
+@dataclass(frozen=True)
+class Private:
+    """One private name: a function or method whose parameters we pass by position or override
+    (`params`, in order, None when only its presence matters), or a class attribute."""
+
+    where: str  # "module:Class.attr"
+    params: Optional[tuple] = None
+    why: str = ""
+
+
+PRIVATE_API = (
+    Private("mlx_lm.generate:GenerationBatch.__init__",
+            ("self", "model", "uids", "inputs", "prompt_cache", "tokens", "samplers", "fallback_sampler",
+             "logits_processors", "stop_sequences", "max_tokens"),
+            "PromptBatch.generate builds a DecodeBatch with these ten, by position"),
+    Private("mlx_lm.generate:GenerationBatch._step", ("self",), "DecodeBatch overrides the decode step"),
+    Private("mlx_lm.generate:GenerationBatch.empty", ("model", "fallback_sampler"), "Generator's empty decode batch"),
+    Private("mlx_lm.generate:PromptProcessingBatch.split", ("self", "indices"),
+            "PromptBatch hands the cache over instead of copying it"),
+    Private("mlx_lm.generate:PromptProcessingBatch.generate", ("self", "tokens"),
+            "PromptBatch starts finished prompts as a DecodeBatch"),
+    Private("mlx_lm.generate:PromptProcessingBatch.prompt", ("self", "tokens"), "PromptBatch.generate reads prompts"),
+    Private("mlx_lm.generate:PromptProcessingBatch.empty", ("model", "fallback_sampler", "prefill_step_size"),
+            "Generator's empty prompt batch"),
+    Private("mlx_lm.generate:PromptProcessingBatch.filter", ("self", "keep"),
+            "PromptBatch empties the same per-row fields"),
+    Private("mlx_lm.generate:BatchGenerator._make_batch", ("self", "n"),
+            "Generator counts the prompt batch's rows against max_batch"),
+)
+
+# Attributes read or written on mlx_lm's objects (checked on real instances by the tests).
+INSTANCE_ATTRIBUTES = {
+    "GenerationBatch": ("model", "uids", "prompt_cache", "tokens", "samplers", "fallback_sampler", "logits_processors",
+                        "stop_sequences", "max_tokens", "_current_tokens", "_next_tokens", "_current_logprobs",
+                        "_next_logprobs", "_token_context"),
+    "PromptProcessingBatch": ("model", "uids", "prompt_cache", "tokens", "samplers", "fallback_sampler",
+                              "logits_processors", "stop_sequences", "max_tokens", "prefill_step_size"),
+    "BatchGenerator": ("_prompt_batch", "_generation_batch", "completion_batch_size", "sampler", "model",
+                       "prefill_step_size"),
+}
+
+
+def _resolve(where: str):
+    module_name, _, qualname = where.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check(table=PRIVATE_API, resolve=_resolve) -> list[str]:
+    """What differs between `table` and what is installed: one line per entry, empty when all hold."""
+    problems = []
+    for entry in table:
+        try:
+            obj = resolve(entry.where)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{entry.where} is gone ({exc}); we use it because {entry.why}")
+            continue
+        if entry.params is None:
+            continue
+        try:
+            params = tuple(inspect.signature(obj).parameters)
+        except (TypeError, ValueError):
+            problems.append(f"{entry.where} is no longer a function; we use it because {entry.why}")
+            continue
+        if params != entry.params:
+            problems.append(f"{entry.where} takes {params}, not {entry.params}; we use it because {entry.why}")
+    return problems
+
+
+class UpstreamChanged(RuntimeError):
+    """The installed mlx_lm differs from the one the engine is built on."""
+
+
+def require() -> None:
+    """Raise one line naming what changed when the installed mlx_lm differs in a private name we use."""
+    problems = check()
+    if problems:
+        from importlib.metadata import version
+
+        raise UpstreamChanged(
+            f"mlx-lm {version('mlx-lm')} is installed, but mlx-nb is built on mlx-lm {TESTED['mlx-lm']} and "
+            f"{len(problems)} private name(s) it relies on changed ({problems[0]}): "
+            f"run `pip install mlx-lm=={TESTED['mlx-lm']}`"
+        )
