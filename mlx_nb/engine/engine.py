@@ -362,6 +362,7 @@ class Engine:
             "policy": self._loop.policy.to_dict(),
             # which layers run on the CPU kernels (mlx_nb.kernels.swap), None on MLX's own ops
             "kernels": self.loaded.kernels,
+            "weights": self.loaded.weights,  # each matrix's format (a GGUF's block types) and the bytes held
             "sampling_defaults": self.sampling_defaults(),
             "tool_format": self.tool_format(),
             "fill_in_the_middle": self._fim(self.loaded),  # the FIM spelling a `suffix` uses, or None

@@ -12,20 +12,42 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_nb.kernels import native
-from mlx_nb.kernels.packing import pack
+from mlx_nb.kernels.packing import pack, pack_ggml
 
 
-class QLinear(nn.Module):
-    """y = x W^T (+ bias) for a 4/8-bit affine W in the kernels' packed layout."""
+class Packed(nn.Module):
+    """The arrays and plain attributes of a weight in the kernels' packed layout (csrc/isa.h): the q
+    (`packed`), `scales`, and where the scheme has them `biases` and `sub`; `bits` (4, 5, 6, 8),
+    `scheme` (0 affine, 1 symmetric, 2 k-quant, 3 Q6_K), `zero` and `group_size` say how q becomes
+    a weight. `ggml_type` names the GGUF block type it came from (None for MLX's affine weights)."""
 
-    def __init__(self, packed: mx.array, scales: mx.array, biases: mx.array, *, input_dims: int,
-                 output_dims: int, group_size: int, bits: int, bias: Optional[mx.array] = None):
+    def _set_packed(self, parts: dict, *, bits: int, group_size: int, scheme: int = 0, zero: int = 0,
+                    ggml_type: Optional[str] = None) -> None:
+        self.packed, self.scales = parts["packed"], parts["scales"]
+        for name in ("biases", "sub"):
+            if parts.get(name) is not None:
+                setattr(self, name, parts[name])
+        self.bits, self.group_size, self.scheme, self.zero, self.ggml_type = bits, group_size, scheme, zero, ggml_type
+
+    def weight_args(self) -> dict:
+        """The keyword arguments qmatmul and qgather take for this weight (beyond x, n and k)."""
+        return dict(group_size=self.group_size, bits=self.bits, scheme=self.scheme, zero=self.zero,
+                    sub=self.get("sub"))
+
+    def _format(self) -> str:
+        return self.ggml_type or f"bits={self.bits}, group_size={self.group_size}"
+
+
+class QLinear(Packed):
+    """y = x W^T (+ bias) for a quantized W in the kernels' packed layout."""
+
+    def __init__(self, parts: dict, *, input_dims: int, output_dims: int, bits: int, group_size: int = 32,
+                 scheme: int = 0, zero: int = 0, ggml_type: Optional[str] = None, bias: Optional[mx.array] = None):
         super().__init__()
-        self.packed, self.scales, self.biases = packed, scales, biases
+        self._set_packed(parts, bits=bits, group_size=group_size, scheme=scheme, zero=zero, ggml_type=ggml_type)
         if bias is not None:
             self.bias = bias
         self.input_dims, self.output_dims = input_dims, output_dims
-        self.group_size, self.bits = group_size, bits
 
     @classmethod
     def from_quantized(cls, m: nn.QuantizedLinear) -> "QLinear":
@@ -38,9 +60,38 @@ class QLinear(nn.Module):
 
     @classmethod
     def from_parts(cls, w, scales, biases, group_size: int, bits: int, bias=None) -> "QLinear":
+        """From MLX's affine quantization (w, scales, biases as mx.quantize makes them)."""
         packed, s, b = pack(w, scales, biases, group_size, bits)
-        return cls(packed, s, b, input_dims=w.shape[1] * 32 // bits, output_dims=w.shape[0],
-                   group_size=group_size, bits=bits, bias=None if bias is None else bias.astype(mx.float32))
+        return cls({"packed": packed, "scales": s, "biases": b}, input_dims=w.shape[1] * 32 // bits,
+                   output_dims=w.shape[0], group_size=group_size, bits=bits,
+                   bias=None if bias is None else bias.astype(mx.float32))
+
+    @classmethod
+    def from_ggml(cls, raw, ggml_type: str, input_dims: int, bias=None) -> "QLinear":
+        """From a GGUF tensor's blocks (uint8 [outputs, bytes a row]), repacked, never re-quantized."""
+        parts, fmt = pack_ggml(raw, ggml_type, input_dims)
+        return cls(parts, input_dims=input_dims, output_dims=raw.shape[0], ggml_type=ggml_type, **fmt,
+                   bias=None if bias is None else bias.astype(mx.float32))
+
+    @classmethod
+    def concat(cls, parts: list["QLinear"]) -> Optional["QLinear"]:
+        """One projection computing `parts` side by side (q, k and v; gate and up), or None when
+        their formats differ (a Q4_K_M file's Q6_K v beside Q4_K q and k) or a part's outputs end
+        inside a tile of 16."""
+        first = parts[0]
+
+        def key(p):
+            return (p.bits, p.group_size, p.scheme, p.zero, p.input_dims, p.scales.dtype, "biases" in p, "sub" in p,
+                    "bias" in p)
+
+        if any(key(p) != key(first) for p in parts) or any(p.output_dims % 16 for p in parts[:-1]):
+            return None
+        cat = {name: mx.concatenate([p[name] for p in parts]) for name in ("packed", "scales", "biases", "sub", "bias")
+               if name in first}
+        bias = cat.pop("bias", None)
+        return cls(cat, input_dims=first.input_dims, output_dims=sum(p.output_dims for p in parts), bits=first.bits,
+                   group_size=first.group_size, scheme=first.scheme, zero=first.zero,
+                   ggml_type=first.ggml_type, bias=bias)
 
     def __call__(self, x: mx.array, norm: Optional["RMSNorm"] = None, residual: Optional[mx.array] = None,
                  gate: bool = False) -> mx.array:
@@ -50,26 +101,87 @@ class QLinear(nn.Module):
         if bias is not None and residual is not None:  # keep the order bias, then residual
             return self(x, norm, gate=gate) + residual
         # self[...] reads the parameter dict directly: this runs ~120 times a decode step
-        y = native().qmatmul(x, self["packed"], self["scales"], self["biases"], n=self.output_dims,
-                             group_size=self.group_size, bits=self.bits,
-                             norm_weight=None if norm is None else norm["weight"], eps=0.0 if norm is None else norm.eps,
-                             residual=residual, gate=gate)
+        y = native().qmatmul(x, self["packed"], self["scales"], self.get("biases"), n=self.output_dims,
+                             group_size=self.group_size, bits=self.bits, scheme=self.scheme, zero=self.zero,
+                             sub=self.get("sub"), norm_weight=None if norm is None else norm["weight"],
+                             eps=0.0 if norm is None else norm.eps, residual=residual, gate=gate)
         return y if bias is None else y + bias
 
     def _extra_repr(self) -> str:
-        return f"{self.input_dims}, {self.output_dims}, bits={self.bits}, group_size={self.group_size}"
+        return f"{self.input_dims}, {self.output_dims}, {self._format()}"
 
 
-class QEmbedding(nn.Module):
+class QSwitchLinear(Packed):
+    """mlx_lm's SwitchLinear (a weight per expert; each row through the expert it chose) on the
+    packed kernel, the experts' weights stacked along the tiles: the rows that chose an expert are
+    computed together, so each chosen expert's weight is read once a step."""
+
+    def __init__(self, parts: dict, *, input_dims: int, output_dims: int, num_experts: int, bits: int,
+                 group_size: int = 32, scheme: int = 0, zero: int = 0, ggml_type: Optional[str] = None,
+                 bias: Optional[mx.array] = None):
+        super().__init__()
+        self._set_packed(parts, bits=bits, group_size=group_size, scheme=scheme, zero=zero, ggml_type=ggml_type)
+        if bias is not None:
+            self.bias = bias
+        self.input_dims, self.output_dims, self.num_experts = input_dims, output_dims, num_experts
+
+    @classmethod
+    def from_ggml(cls, raw, ggml_type: str, input_dims: int, bias=None) -> "QSwitchLinear":
+        experts, outputs = raw.shape[0], raw.shape[1]
+        parts, fmt = pack_ggml(raw.reshape(experts * outputs, raw.shape[2]), ggml_type, input_dims)
+        return cls(parts, input_dims=input_dims, output_dims=outputs, num_experts=experts, ggml_type=ggml_type,
+                   **fmt, bias=None if bias is None else bias.astype(mx.float32))
+
+    @classmethod
+    def from_quantized(cls, m) -> "QSwitchLinear":
+        """From mlx_lm's QuantizedSwitchLinear (affine)."""
+        experts, outputs = m.weight.shape[0], m.weight.shape[1]
+        flat = lambda a: a.reshape(experts * outputs, a.shape[-1])  # noqa: E731
+        packed, s, b = pack(flat(m.weight), flat(m.scales), flat(m.biases), m.group_size, m.bits)
+        bias = m.get("bias")
+        return cls({"packed": packed, "scales": s, "biases": b}, input_dims=m.input_dims, output_dims=outputs,
+                   num_experts=experts, bits=m.bits, group_size=m.group_size,
+                   bias=None if bias is None else bias.astype(mx.float32))
+
+    def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        """As mlx_lm's: x [..., M, K] broadcast against indices [...] -> [..., M, N]."""
+        batch = tuple(mx.broadcast_shapes(x.shape[:-2], indices.shape))
+        rows, k = x.shape[-2], x.shape[-1]
+        xs = mx.broadcast_to(x, (*batch, rows, k)).reshape(-1, k)
+        experts = mx.broadcast_to(mx.expand_dims(indices, -1), (*batch, rows)).reshape(-1)
+        y = native().qmatmul_experts(xs, experts, self["packed"], self["scales"], self.get("biases"),
+                                     n=self.output_dims, num_experts=self.num_experts, **self.weight_args())
+        y = y.reshape(*batch, rows, self.output_dims)
+        if "bias" in self:
+            y = y + mx.expand_dims(self["bias"][indices], -2)
+        return y
+
+    def _extra_repr(self) -> str:
+        return f"{self.input_dims}, {self.output_dims}, experts={self.num_experts}, {self._format()}"
+
+
+class Stacked(nn.Module):
+    """Projections of one input computed side by side when their formats keep them apart (a
+    Q4_K_M file's Q6_K v beside Q4_K q and k): one matmul each, outputs concatenated."""
+
+    def __init__(self, parts: list[QLinear]):
+        super().__init__()
+        self.parts = parts
+        self.input_dims, self.output_dims = parts[0].input_dims, sum(p.output_dims for p in parts)
+
+    def __call__(self, x: mx.array, norm: Optional["RMSNorm"] = None) -> mx.array:
+        return mx.concatenate([p(x, norm) for p in self.parts], axis=-1)
+
+
+class QEmbedding(Packed):
     """A quantized embedding on the packed layout: lookups dequantize rows, `as_linear` is the tied
     output layer on the matmul kernel."""
 
-    def __init__(self, packed: mx.array, scales: mx.array, biases: mx.array, *, num_embeddings: int, dims: int,
-                 group_size: int, bits: int):
+    def __init__(self, parts: dict, *, num_embeddings: int, dims: int, bits: int, group_size: int = 32,
+                 scheme: int = 0, zero: int = 0, ggml_type: Optional[str] = None):
         super().__init__()
-        self.packed, self.scales, self.biases = packed, scales, biases
+        self._set_packed(parts, bits=bits, group_size=group_size, scheme=scheme, zero=zero, ggml_type=ggml_type)
         self.num_embeddings, self.dims = num_embeddings, dims
-        self.group_size, self.bits = group_size, bits
 
     @classmethod
     def from_quantized(cls, m: nn.QuantizedEmbedding) -> "QEmbedding":
@@ -83,19 +195,24 @@ class QEmbedding(nn.Module):
     @classmethod
     def from_parts(cls, w, scales, biases, group_size: int, bits: int) -> "QEmbedding":
         packed, s, b = pack(w, scales, biases, group_size, bits)
-        return cls(packed, s, b, num_embeddings=w.shape[0], dims=w.shape[1] * 32 // bits,
-                   group_size=group_size, bits=bits)
+        return cls({"packed": packed, "scales": s, "biases": b}, num_embeddings=w.shape[0],
+                   dims=w.shape[1] * 32 // bits, group_size=group_size, bits=bits)
+
+    @classmethod
+    def from_ggml(cls, raw, ggml_type: str, dims: int) -> "QEmbedding":
+        parts, fmt = pack_ggml(raw, ggml_type, dims)
+        return cls(parts, num_embeddings=raw.shape[0], dims=dims, ggml_type=ggml_type, **fmt)
 
     def __call__(self, ids: mx.array) -> mx.array:
-        return native().qgather(ids, self.packed, self.scales, self.biases, n=self.num_embeddings, k=self.dims,
-                                group_size=self.group_size, bits=self.bits)
+        return native().qgather(ids, self.packed, self.scales, self.get("biases"), n=self.num_embeddings, k=self.dims,
+                                **self.weight_args())
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return native().qmatmul(x, self.packed, self.scales, self.biases, n=self.num_embeddings,
-                                group_size=self.group_size, bits=self.bits)
+        return native().qmatmul(x, self.packed, self.scales, self.get("biases"), n=self.num_embeddings,
+                                **self.weight_args())
 
     def _extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.dims}, bits={self.bits}, group_size={self.group_size}"
+        return f"{self.num_embeddings}, {self.dims}, {self._format()}"
 
 
 class RMSNorm(nn.Module):

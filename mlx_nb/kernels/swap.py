@@ -25,9 +25,9 @@ from typing import Callable, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlx_nb.kernels.layers import Attention, Block, QEmbedding, QLinear, RMSNorm, RoPE, SwiGLU
+from mlx_nb.kernels.layers import Attention, Block, Packed, QEmbedding, QLinear, RMSNorm, RoPE, Stacked, SwiGLU
 
-BITS = (4, 8)
+BITS = (4, 5, 6, 8)
 
 
 def _packable(m: nn.Module) -> Optional[str]:
@@ -100,12 +100,9 @@ def _fused_swiglu(m: nn.Module) -> Optional[SwiGLU]:
     if kg is None or kg != ku or "bias" in gate or "bias" in up:
         return None
     if kg == "q":
-        if (gate.bits, gate.group_size, gate.input_dims, gate.scales.dtype) != (
-                up.bits, up.group_size, up.input_dims, up.scales.dtype) or gate.output_dims % 16:
+        if gate.input_dims != up.input_dims:
             return None
-        gate_up = QLinear(mx.concatenate([gate.packed, up.packed]), mx.concatenate([gate.scales, up.scales]),
-                          mx.concatenate([gate.biases, up.biases]), input_dims=gate.input_dims,
-                          output_dims=gate.output_dims + up.output_dims, group_size=gate.group_size, bits=gate.bits)
+        gate_up = QLinear.concat([gate, up]) or Stacked([gate, up])  # Stacked: their formats differ
         hidden, dims = gate.output_dims, gate.input_dims
     else:
         if gate.weight.shape != up.weight.shape:
@@ -124,17 +121,10 @@ def _concat_linears(parts: list) -> Optional[nn.Module]:
     """One projection computing `parts` side by side (all packed alike, or all float), or None."""
     kinds = {_linear_parts(p)[0] for p in parts}
     if kinds == {"q"}:
-        first = parts[0]
-        if any((p.bits, p.group_size, p.input_dims, p.scales.dtype) != (first.bits, first.group_size, first.input_dims,
-                                                                         first.scales.dtype) for p in parts):
-            return None
-        if any(p.output_dims % 16 for p in parts[:-1]) or len({"bias" in p for p in parts}) > 1:
-            return None
-        bias = mx.concatenate([p.bias for p in parts]) if "bias" in first else None
-        return QLinear(mx.concatenate([p.packed for p in parts]), mx.concatenate([p.scales for p in parts]),
-                       mx.concatenate([p.biases for p in parts]), input_dims=first.input_dims,
-                       output_dims=sum(p.output_dims for p in parts), group_size=first.group_size, bits=first.bits,
-                       bias=bias)
+        same = QLinear.concat(parts)
+        if same is None and len({p.input_dims for p in parts}) == 1 and len({"bias" in p for p in parts}) == 1:
+            return Stacked(parts)
+        return same
     if kinds == {"f"}:
         if len({p.weight.shape[1] for p in parts}) > 1 or len({"bias" in p for p in parts}) > 1:
             return None
@@ -190,10 +180,21 @@ def _fused_block(m: nn.Module) -> Optional[Block]:
     if not (isinstance(attn, Attention) and isinstance(mlp, SwiGLU) and isinstance(n1, RMSNorm)
             and isinstance(n2, RMSNorm)):
         return None
-    if not all(isinstance(p, QLinear) for p in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)):
+    if not all(isinstance(p, (QLinear, Stacked)) for p in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)):
         return None
     fused = Block(attn, mlp, n1, n2)
     return fused if _same_with_a_cache(m, fused, attn.qkv.input_dims, 1e-4) else None
+
+
+def floats_to_float32(model: nn.Module) -> None:
+    """Every float parameter as float32 (the CPU's compute type), but those of weights already
+    packed for the kernels: their float16 scales are part of the packed format."""
+    for _, m in model.named_modules():
+        if isinstance(m, Packed):
+            continue
+        for name, value in m.items():
+            if isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating) and value.dtype != mx.float32:
+                m[name] = value.astype(mx.float32)
 
 
 def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model: Optional[nn.Module] = None) -> dict:

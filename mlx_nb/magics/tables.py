@@ -58,6 +58,14 @@ def kernels_line(status: dict) -> Optional[str]:
     return f"{info['isa']}, {info['threads']} threads" + (f": {on}" if on else "")
 
 
+def weights_line(weights: Optional[dict]) -> Optional[str]:
+    """How the weights are held: each format with its count of matrices, then the bytes."""
+    if not weights or not weights.get("formats"):
+        return None
+    formats = ", ".join(f"{kind} x{n}" for kind, n in weights["formats"].items())
+    return f"{formats} ({human_bytes(weights.get('bytes'))})"
+
+
 def _sampling_line(defaults: Optional[dict]) -> Optional[str]:
     """What API requests that set no sampling get (notebook chats stay greedy unless asked)."""
     if not defaults:
@@ -77,6 +85,7 @@ def status_table(status: dict, backend: str) -> Table:
         ["state", describe(status) if status.get("loading") or status.get("error") else "ready"],
         ["batching", f"{policy['mode']} ({policy['source']}): {policy['reason']}" if policy else None],
         ["CPU kernels", kernels_line(status)],
+        ["weights", weights_line(status.get("weights"))],
         ["sampling defaults", _sampling_line(status.get("sampling_defaults"))],
         ["batch size (peak)", f"{status.get('batch_size', 0)} ({status.get('peak_batch_size', '-')})"],
         ["queued / prefilling", f"{status.get('queue_length', 0)} / {status.get('prefilling', 0)}"],

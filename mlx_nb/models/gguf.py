@@ -1,14 +1,15 @@
-"""Convert a llama-architecture GGUF file into a model directory that `mlx_lm.load` opens.
+"""Convert a GGUF file into a model directory that mlx_nb's loader opens (mlx_lm's layout).
 
-mlx_lm can export GGUF but cannot import it, and `mx.load` only returns raw tensors and metadata
-under llama.cpp's names. This module renames the tensors to mlx_lm's llama layout, rebuilds
-config.json and a Hugging Face fast tokenizer from the metadata, and writes the directory
-atomically (see `atomic`), so an interrupted conversion leaves nothing behind.
+mlx_lm can export GGUF but cannot import it, and `mx.load` widens K-quant blocks to float16. This
+module reads the file with gguf-py (`gguf_read`), maps its architecture to an mlx_lm model
+(`gguf_arch`: llama / Mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3), rebuilds config.json
+and a Hugging Face fast tokenizer from the metadata, and writes the directory atomically (see
+`atomic`), so an interrupted conversion leaves nothing behind.
 
-Weights stay as stored: MLX reads Q4_0/Q4_1/Q8_0 blocks as affine 4- or 8-bit with group size 32,
-so the quantization config names every layer with its own bits; other GGUF block types come back
-from `mx.load` as float16 and are written unquantized. llama.cpp permutes the q/k rows for
-interleaved RoPE, hence `rope_traditional: true` instead of undoing the permutation.
+Weights stay as stored: float tensors go to model.safetensors (what mlx_lm reads), and every
+quantized tensor keeps its GGUF blocks byte for byte in ggml.safetensors, its block type named in
+config.json's `gguf.tensors`; `gguf_load` repacks them for the CPU kernels at load (or dequantizes
+them where the kernels are not built).
 """
 
 from __future__ import annotations
@@ -17,54 +18,35 @@ import json
 import math
 import re
 import struct
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mlx_nb.models.atomic import COMPLETE_MARKER, build_atomically, is_complete
+from mlx_nb.models.gguf_arch import CONFIG_TENSORS, REQUIRED_BIASES, TOP_NAMES, Arch, Meta, arch_of
 from mlx_nb.models.gguf_meta import GGUFError
 from mlx_nb.models.gguf_meta import corrupt as _corrupt
 from mlx_nb.models.gguf_meta import meta as _meta
-from mlx_nb.models.gguf_meta import value as _value
+from mlx_nb.models.gguf_read import Tensor, read
 from mlx_nb.models.gguf_tokenizer import write_tokenizer as _write_tokenizer
 from mlx_nb.models.progress import report
 
-GROUP_SIZE = 32  # every GGUF block type MLX keeps quantized (Q4_0, Q4_1, Q8_0) has 32 weights a block
+WEIGHTS = "model.safetensors"
+BLOCKS = "ggml.safetensors"  # not model*.safetensors: mlx_lm's loader must not read raw blocks as weights
 
-_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scales|biases)$")
+_TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)$")
 _OUTPUT_FILES = {
     "config.json",
-    "model.safetensors",
+    WEIGHTS,
+    BLOCKS,
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
     "generation_config.json",
     COMPLETE_MARKER,
 }
-_SAFETENSORS_DTYPES = {
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "uint32": "U32",
-    "int32": "I32",
-    "uint8": "U8",
-    "int8": "I8",
-    "uint16": "U16",
-    "int16": "I16",
-}
-
+_SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "uint8": "U8"}
 
 
 def convert_gguf(gguf_path: str | Path, dest_dir: str | Path, *, progress: bool = True) -> Path:
@@ -74,15 +56,9 @@ def convert_gguf(gguf_path: str | Path, dest_dir: str | Path, *, progress: bool 
         return dest
     _check_dest(dest)
     _check_magic(src)
-    weights, meta = _load(src)
-    arch = _value(meta.get("general.architecture"))
-    if arch != "llama":
-        raise GGUFError(
-            f"{src} is a {arch!r} model and only 'llama' GGUF files can be converted: "
-            "pass a llama-architecture GGUF or load the model's MLX/Hugging Face directory instead"
-        )
-    config, tensors = _model(src, weights, meta)
-    return build_atomically(dest, lambda tmp: _write(tmp, src, config, tensors, meta, progress))
+    meta, tensors = _load(src)
+    config, floats, blocks = _model(src, meta, tensors)
+    return build_atomically(dest, lambda tmp: _write(tmp, src, config, floats, blocks, meta, progress))
 
 
 def _check_dest(dest: Path) -> None:
@@ -106,100 +82,71 @@ def _check_magic(src: Path) -> None:
         raise GGUFError(f"{src} is not a GGUF file (no GGUF magic bytes): pass a .gguf model file")
 
 
-def _load(src: Path) -> tuple[dict, dict]:
-    import mlx.core as mx
-
-    try:
-        return mx.load(str(src), return_metadata=True)
-    except Exception as exc:
-        reason = " ".join(str(exc).replace("[load_gguf]", "").split()).split(". ")[0].rstrip(".")
-        reason = reason or type(exc).__name__
-        raise GGUFError(
-            f"{src} is not a valid GGUF file (truncated or corrupt: {reason}): re-download it or pass another file"
-        ) from exc
+def _load(src: Path) -> tuple[dict, dict[str, Tensor]]:
+    return read(src)
 
 
-def _model(src: Path, weights: dict, meta: dict) -> tuple[dict, dict]:
-    """The mlx_lm config and the renamed tensors (insertion order = write order)."""
-    if _meta(src, meta, "llama.expert_count", 0):
-        raise GGUFError(
-            f"{src} is a mixture-of-experts llama (Mixtral-style), which is not supported: pass a dense llama GGUF"
-        )
-    n_layers = int(_meta(src, meta, "llama.block_count"))
-    hidden = int(_meta(src, meta, "llama.embedding_length"))
-    heads = int(_meta(src, meta, "llama.attention.head_count"))
-    kv_heads = int(_meta(src, meta, "llama.attention.head_count_kv", heads))
-    head_dim = int(_meta(src, meta, "llama.attention.key_length", hidden // heads))
-    rope_dim = int(_meta(src, meta, "llama.rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise GGUFError(
-            f"{src} uses partial RoPE ({rope_dim} of {head_dim} dims), which mlx_lm's llama does not support: "
-            "pass another file"
-        )
+def _model(src: Path, meta: dict, tensors: dict[str, Tensor]) -> tuple[dict, dict, dict]:
+    """The mlx_lm config, the float tensors and the quantized ones, renamed (insertion order = write order)."""
+    arch_name, arch = arch_of(src, meta)
+    m = Meta(src, meta, arch_name)
+    config: dict[str, Any] = {"model_type": arch.model_type, **m.shape(), **arch.config(m, tensors)}
+    n_layers = config["num_hidden_layers"]
 
-    tensors: dict[str, Any] = {}
-    rope_freqs = None
+    floats: dict[str, np.ndarray] = {}
+    blocks: dict[str, Tensor] = {}
     unknown = []
-    for name in sorted(weights, key=_tensor_order):
-        if name == "rope_freqs.weight":
-            rope_freqs = weights[name]
+    for name in sorted(tensors, key=_tensor_order):
+        if name in CONFIG_TENSORS:
             continue
-        m = _TENSOR.match(name)
-        block, base, suffix = (m.groups() if m else (None, None, None))
-        target = (_BLOCK_NAMES.get(base) if block is not None else _TOP_NAMES.get(base)) if m else None
+        mt = _TENSOR.match(name)
+        block, base, suffix = (mt.groups() if mt else (None, None, None))
+        target = (arch.block.get(base) if block is not None else TOP_NAMES.get(base)) if mt else None
         if target is None or (block is not None and int(block) >= n_layers):
             unknown.append(name)
             continue
-        prefix = f"model.layers.{block}." if block is not None else ""
-        tensors[f"{prefix}{target}.{suffix}"] = weights[name]
+        path = f"model.layers.{block}.{target}" if block is not None else target
+        t = tensors[name]
+        if t.quantized and len(t.shape) >= 2:
+            blocks[f"{path}.{suffix}"] = t
+        else:
+            values = t.floats() if t.quantized or t.kind == "BF16" else np.asarray(t.data).reshape(t.shape)
+            if arch.norm_offset and base.endswith("norm"):
+                values = values.astype(np.float32) - np.float32(arch.norm_offset)
+            floats[f"{path}.{suffix}"] = values
     if unknown:
         raise GGUFError(
-            f"{src} has tensors a llama model does not ({', '.join(unknown[:3])}{', ...' * (len(unknown) > 3)}): "
-            "it is not a standard llama GGUF; pass another file"
+            f"{src} has tensors a {arch_name} model does not ({', '.join(unknown[:3])}{', ...' * (len(unknown) > 3)}): "
+            f"it is not a standard {arch_name} GGUF; pass another file"
         )
 
+    present = set(floats) | set(blocks)
     required = ["model.embed_tokens.weight", "model.norm.weight"] + [
-        f"model.layers.{i}.{t}.weight" for i in range(n_layers) for t in _BLOCK_NAMES.values()
-    ]
-    missing = [n for n in required if n not in tensors]
+        f"model.layers.{i}.{t}.weight" for i in range(n_layers) for t in arch.block.values()
+    ] + [f"model.layers.{i}.{arch.block[b]}.bias" for i in range(n_layers) for b in REQUIRED_BIASES.get(arch_name, ())]
+    missing = [n for n in required if n not in present]
     if missing:
         raise _corrupt(src, f"{len(missing)} tensors missing, e.g. {missing[0]}")
 
-    quantization = _quantization(src, tensors)
-    embed = tensors["model.embed_tokens.weight"]
+    embed = tensors["token_embd.weight"]
     vocab_size = embed.shape[0]
-    meta_vocab = _meta(src, meta, "llama.vocab_size", None)
+    meta_vocab = m("vocab_size", None)
     if meta_vocab is None and "tokenizer.ggml.tokens" in meta:
         meta_vocab = len(meta["tokenizer.ggml.tokens"])
     if meta_vocab is not None and int(meta_vocab) != vocab_size:
         raise _corrupt(src, f"vocab_size {meta_vocab} but token_embd has {vocab_size} rows")
-
-    rope_theta = float(_meta(src, meta, "llama.rope.freq_base", 10000.0))
-    config: dict[str, Any] = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": hidden,
-        "intermediate_size": int(_meta(src, meta, "llama.feed_forward_length")),
-        "num_hidden_layers": n_layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "rms_norm_eps": float(_meta(src, meta, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": rope_theta,
-        "rope_traditional": True,
-        "max_position_embeddings": int(_meta(src, meta, "llama.context_length", 4096)),
-        "vocab_size": vocab_size,
-        "tie_word_embeddings": "lm_head.weight" not in tensors,
-        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
-        "mlp_bias": "model.layers.0.mlp.up_proj.bias" in tensors,
-    }
-    rope_scaling = _rope_scaling(src, meta, rope_freqs, head_dim, rope_theta)
-    if rope_scaling:
-        config["rope_scaling"] = rope_scaling
-    if quantization:
-        config["quantization"] = quantization
-        config["quantization_config"] = quantization
-    return config, tensors
+    config["vocab_size"] = vocab_size
+    config["tie_word_embeddings"] = "lm_head.weight" not in present
+    if arch_name == "llama":
+        rope_freqs = tensors.get("rope_freqs.weight")
+        rope_scaling = _rope_scaling(src, m, None if rope_freqs is None else rope_freqs.floats().tolist(),
+                                     config["head_dim"], config["rope_theta"])
+        if rope_scaling:
+            config["rope_scaling"] = rope_scaling
+    if blocks:
+        config["gguf"] = {"file": src.name, "tensors": {name[: -len(".weight")]: t.kind
+                                                        for name, t in blocks.items()}}
+    return config, floats, blocks
 
 
 def _tensor_order(name: str) -> tuple:
@@ -207,44 +154,19 @@ def _tensor_order(name: str) -> tuple:
     return (1, int(m.group(1)), name) if m else (0 if name.startswith("token_embd") else 2, 0, name)
 
 
-def _quantization(src: Path, tensors: dict) -> dict:
-    """mlx_lm's `quantization` config: a default plus one entry per quantized module path.
-
-    GGUF files mix bit widths (here the embedding is 8-bit, the rest 4-bit), and mlx_lm's loader
-    takes `config["quantization"][module_path]` as that module's `to_quantized` arguments.
-    """
-    layers = {}
-    for name, scales in tensors.items():
-        if not name.endswith(".scales"):
-            continue
-        path = name[: -len(".scales")]
-        weight = tensors.get(f"{path}.weight")
-        if weight is None or f"{path}.biases" not in tensors:
-            raise _corrupt(src, f"{path} has scales but no packed weight or biases")
-        in_dims = scales.shape[-1] * GROUP_SIZE
-        bits, rest = divmod(weight.shape[-1] * 32, in_dims)
-        if rest or bits not in (2, 3, 4, 5, 6, 8):
-            raise _corrupt(src, f"{path} has inconsistent quantized shapes")
-        layers[path] = {"group_size": GROUP_SIZE, "bits": bits, "mode": "affine"}
-    if not layers:
-        return {}
-    default_bits = Counter(q["bits"] for q in layers.values()).most_common(1)[0][0]
-    return {"group_size": GROUP_SIZE, "bits": default_bits, "mode": "affine", **layers}
-
-
-def _rope_scaling(src: Path, meta: dict, rope_freqs: Any, head_dim: int, base: float) -> dict | None:
-    kind = _meta(src, meta, "llama.rope.scaling.type", "none")
-    factor = float(_meta(src, meta, "llama.rope.scaling.factor", 1.0) or 1.0)
+def _rope_scaling(src: Path, m: Meta, rope_freqs: Any, head_dim: int, base: float) -> dict | None:
+    kind = m("rope.scaling.type", "none")
+    factor = float(m("rope.scaling.factor", 1.0) or 1.0)
     if kind == "linear" and factor != 1.0:
         return {"type": "linear", "factor": factor}
     if kind not in ("none", "linear"):
         raise GGUFError(f"{src} uses {kind!r} RoPE scaling, which this converter does not map: pass another file")
     if rope_freqs is None:
         return None
-    return _llama3_scaling(src, meta, _value(rope_freqs), head_dim, base)
+    return _llama3_scaling(src, m, rope_freqs, head_dim, base)
 
 
-def _llama3_scaling(src: Path, meta: dict, factors: list, head_dim: int, base: float) -> dict | None:
+def _llama3_scaling(src: Path, m: Meta, factors: list, head_dim: int, base: float) -> dict | None:
     """Llama 3.1+ files store the per-dimension RoPE factors (`rope_freqs`) instead of their parameters.
 
     Recover the parameters mlx_lm's `Llama3RoPE` takes and check they reproduce the table exactly.
@@ -259,7 +181,7 @@ def _llama3_scaling(src: Path, meta: dict, factors: list, head_dim: int, base: f
         "low_freq_factor": 1.0,
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": int(
-            _meta(src, meta, "llama.rope.scaling.original_context_length", 8192)
+            m("rope.scaling.original_context_length", 8192)
         ),
     }
     expected = llama3_rope_factors(scaling, head_dim, base)
@@ -288,27 +210,38 @@ def llama3_rope_factors(scaling: dict, head_dim: int, base: float) -> list[float
     return out
 
 
-def _write(out: Path, src: Path, config: dict, tensors: dict, meta: dict, progress: bool) -> None:
+def _write(out: Path, src: Path, config: dict, floats: dict, blocks: dict, meta: dict, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     tokenizer_info = _write_tokenizer(out, src, meta, config["max_position_embeddings"])
     for key in ("bos_token_id", "eos_token_id"):
         if tokenizer_info.get(key) is not None:
             config[key] = tokenizer_info[key]
+    config["pad_token_id"] = tokenizer_info.get("pad_token_id")  # null, not transformers' default for the class
     (out / "config.json").write_text(json.dumps(dict(sorted(config.items())), indent=2))
     generation = {k: v for k, v in tokenizer_info.items() if v is not None}
     if generation:
         (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    with tqdm(total=len(tensors), desc=f"Converting {src.name}", unit="tensor", disable=not progress) as bar:
-        _write_safetensors(out / "model.safetensors", tensors, bar)
+    total = len(floats) + len(blocks)
+    done = [0]
+
+    def step() -> None:
+        done[0] += 1
+        bar.update(1)
+        report("converting GGUF", done[0], total)
+
+    with tqdm(total=total, desc=f"Converting {src.name}", unit="tensor", disable=not progress) as bar:
+        _write_safetensors(out / WEIGHTS, floats, step)
+        if blocks:
+            _write_safetensors(out / BLOCKS, {name: t.data for name, t in blocks.items()}, step)
 
 
-def _write_safetensors(path: Path, tensors: dict, bar) -> None:
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], step) -> None:
     """Stream the tensors one by one into a safetensors file, so the progress bar follows the writing."""
     header: dict[str, Any] = {"__metadata__": {"format": "mlx"}}
     offset = 0
     for name, arr in tensors.items():
-        dtype = _SAFETENSORS_DTYPES.get(str(arr.dtype).rsplit(".", 1)[-1])
+        dtype = _SAFETENSORS_DTYPES.get(str(arr.dtype))
         if dtype is None:
             raise GGUFError(f"tensor {name} has dtype {arr.dtype}, which cannot be saved: pass another file")
         header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
@@ -318,14 +251,10 @@ def _write_safetensors(path: Path, tensors: dict, bar) -> None:
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for i, arr in enumerate(tensors.values()):
+        for arr in tensors.values():
             _write_tensor(f, arr)
-            bar.update(1)
-            report("converting GGUF", i + 1, len(tensors))
+            step()
 
 
-def _write_tensor(f, arr) -> None:
-    import mlx.core as mx
-
-    mx.eval(arr)
-    f.write(memoryview(arr))
+def _write_tensor(f, arr: np.ndarray) -> None:
+    f.write(np.ascontiguousarray(arr).data)

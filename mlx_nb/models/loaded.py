@@ -24,6 +24,8 @@ class LoadedModel:
     vision_model: Any = None  # the full mlx_vlm model (vision tower + language model)
     dtype: str = "native"
     kernels: Optional[dict] = None  # what mlx_nb.kernels.swap put on the kernels, and what it left
+    formats: Optional[dict] = None  # a GGUF's tensors by block type, as held (models/gguf_load.py)
+    weights: dict = field(default_factory=dict)  # {"formats": {format: tensors}, "bytes": n} (loader.weights_held)
     sampling: dict = field(default_factory=dict)  # the model's recommended sampling (sampling_defaults.read)
     sequential: Optional[str] = None  # why the model itself can only serve one request at a time
 

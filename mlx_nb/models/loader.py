@@ -47,13 +47,45 @@ def load_model(name_or_path: Optional[str] = None, quantize: Optional[int] = Non
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"could not load {name} from {path}: {first}") from exc
     _apply_dtype_policy(loaded, runtime.quantize_bits(quantize))
+    loaded.weights = weights_held(loaded)
     from mlx_nb.models.sampling_defaults import read
 
     loaded.sampling = read(name, path)
     return loaded
 
 
+def weights_held(loaded: LoadedModel) -> dict:
+    """What the weights are held as and their bytes: {"formats": {format: tensors}, "bytes": n}.
+    A GGUF's block types as loaded (`formats`), else each matrix by its kind (float dtype, or the
+    bits and group of a packed weight)."""
+    from collections import Counter
+
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    target = loaded.vision_model if loaded.vision_model is not None else loaded.model
+    formats: Counter = Counter(loaded.formats or {})
+    if not formats:
+        from mlx_nb.kernels.layers import Packed
+
+        for _, m in target.named_modules():
+            if isinstance(m, Packed):
+                formats[m.ggml_type or f"{m.bits}-bit (group {m.group_size})"] += 1
+            elif isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+                formats[f"{m.bits}-bit (group {m.group_size})"] += 1
+            elif type(m) in (nn.Linear, nn.Embedding):
+                formats[str(m.weight.dtype).rsplit(".", 1)[-1]] += 1
+    held = sum(a.nbytes for _, a in tree_flatten(target.parameters()))
+    return {"formats": dict(formats.most_common()), "bytes": held}
+
+
 def _load_text(name: str, path: Path, config: dict) -> LoadedModel:
+    from mlx_nb.models.gguf_load import is_gguf_dir, load_gguf_dir
+
+    if is_gguf_dir(config):  # a converted GGUF: its blocks become the modules that compute with them
+        model, tokenizer, formats = load_gguf_dir(path, config, kernels=runtime.dtype_policy() == "kernels")
+        return LoadedModel(name=name, path=path, kind="text", model=model, tokenizer=tokenizer, config=config,
+                           formats=formats)
     from mlx_lm.utils import load
 
     model, tokenizer = load(str(path))
@@ -76,11 +108,11 @@ def _apply_dtype_policy(loaded: LoadedModel, quantize: Optional[int]) -> None:
 
     target = loaded.vision_model if loaded.vision_model is not None else loaded.model
     if policy == "kernels":
-        from mlx_nb.kernels.swap import swap_model
+        from mlx_nb.kernels.swap import floats_to_float32, swap_model
 
         report("packing weights for the CPU kernels")
         # Float parameters to float32 first (quantized scales come back to float16 where exact).
-        target.update(tree_map(_to_float32, target.parameters()))
+        floats_to_float32(target)
         loaded.kernels = swap_model(target, quantize=quantize, language_model=loaded.model)
         return
     report("converting weights to float32")

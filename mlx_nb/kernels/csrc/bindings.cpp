@@ -16,13 +16,22 @@ using namespace nb::literals;
 
 NB_MODULE(_native, m) {
   m.doc() = "mlx-nb's CPU kernels as MLX operations";
-  m.def("qmatmul", &mlxnb::qmatmul, "x"_a, "packed"_a, "scales"_a, "biases"_a, nb::kw_only(), "n"_a, "group_size"_a,
-        "bits"_a, "norm_weight"_a = nb::none(), "eps"_a = 0.0f, "residual"_a = nb::none(), "gate"_a = false,
-        "stream"_a = nb::none(),
-        "x @ W.T for a packed 4/8-bit affine weight, int8 activation blocks; optionally RMSNorm(x) or a SiLU "
+  m.def("qmatmul", &mlxnb::qmatmul, "x"_a, "packed"_a, "scales"_a, "biases"_a.none(), nb::kw_only(), "n"_a,
+        "group_size"_a, "bits"_a, "scheme"_a = 0, "zero"_a = 0, "sub"_a = nb::none(), "norm_weight"_a = nb::none(),
+        "eps"_a = 0.0f, "residual"_a = nb::none(), "gate"_a = false, "stream"_a = nb::none(),
+        "x @ W.T for a packed 4/5/6/8-bit weight, int8 activation blocks; optionally RMSNorm(x) or a SiLU "
         "gate of x's halves first, and a residual added.");
-  m.def("qgather", &mlxnb::qgather, "ids"_a, "packed"_a, "scales"_a, "biases"_a, nb::kw_only(), "n"_a, "k"_a,
-        "group_size"_a, "bits"_a, "stream"_a = nb::none(), "Rows of a packed weight, dequantized.");
+  m.def("qgather", &mlxnb::qgather, "ids"_a, "packed"_a, "scales"_a, "biases"_a.none(), nb::kw_only(), "n"_a, "k"_a,
+        "group_size"_a, "bits"_a, "scheme"_a = 0, "zero"_a = 0, "sub"_a = nb::none(), "stream"_a = nb::none(),
+        "Rows of a packed weight, dequantized.");
+  m.def("qmatmul_experts", &mlxnb::qmatmul_experts, "x"_a, "experts"_a, "packed"_a, "scales"_a, "biases"_a.none(),
+        nb::kw_only(), "n"_a, "num_experts"_a, "group_size"_a, "bits"_a, "scheme"_a = 0, "zero"_a = 0,
+        "sub"_a = nb::none(), "stream"_a = nb::none(),
+        "x [rows, K] through each row's expert's packed weight (experts stacked along the tiles).");
+  m.def("pack_ggml", &mlxnb::pack_ggml, "raw"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "GGUF blocks [rows, bytes] of a ggml type -> [packed, scales, biases, sub] for qmatmul.");
+  m.def("ggml_format", &mlxnb::ggml_format, "type"_a,
+        "(weights a block, bytes a block, bits, scheme, zero) of a ggml type, or () without a kernel.");
   m.def("rms_norm", &mlxnb::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("rope", &mlxnb::rope, "x"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a,
         "offset"_a, "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope's contract.");

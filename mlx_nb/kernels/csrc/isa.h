@@ -21,23 +21,43 @@ struct QActs {
   const float* d;    // [M][K/32] block scale (amax / 127 / 254)
   const float* sum;  // [M][K/32] d * sum(254 * hi + lo): the block's sum as quantized, so the bias
                      // term's rounding matches the scale term's and their errors cancel as in w . x
+  const float* half; // [M][K/32][2] the same for the block's first and last 16 values (Q6_K's
+                     // scales cover 16 weights)
 };
 
-// An affine-quantized weight (w = scale * q + bias per group of `group_size` inputs) packed for the
-// kernels: outputs in tiles of 16, and within a tile, for each 32-input block, the q of 4 consecutive
-// inputs of one output in one 32-bit lane, so a dot product instruction sums 4 products per output:
-//   8-bit: tile t, block b, chunk j < 8: 16 lanes x bytes (q[o][32b+4j+i], i < 4)         512 B
-//   4-bit: tile t, block b, chunk j < 4: 16 lanes x bytes q[o][32b+4j+i] | q[o][32b+16+4j+i] << 4
-//                                                                                           256 B
-// scales and biases: [tiles][K / group_size][16], float16 or float32. Outputs past N are zero.
+// A quantized weight packed for the kernels: outputs in tiles of 16, and within a tile, for each
+// 32-input block, the q of 4 consecutive inputs of one output in one 32-bit lane, so a dot product
+// instruction sums 4 products per output. q is unsigned, 4, 5, 6 or 8 bits; a block takes 64 * bits bytes:
+//   8-bit: chunk j < 8: 16 lanes x bytes (q[o][32b+4j+i], i < 4)                            512 B
+//   4-bit: chunk j < 4: 16 lanes x bytes q[o][32b+4j+i] & 15 | (q[o][32b+16+4j+i] & 15) << 4  256 B
+//   5-bit: the 4-bit nibbles, then 16 lanes x 4 bytes: bit j of byte i = bit 4 of q[o][32b+4j+i]
+//                                                                                        256 + 64 B
+//   6-bit: the 4-bit nibbles, then for p < 2, 16 lanes x 4 bytes: bits 2(j-4p), +1 of byte i are
+//          bits 4, 5 of q[o][32b+4j+i], j = 4p .. 4p+3                                 256 + 128 B
+// Outputs past N are zero. How q becomes a weight (`scheme`; T tiles, K inputs, lanes last):
+//   kAffine: w = s * q + b; scales, biases [T][K / group_size][16], float16 or float32 (MLX's
+//            affine quantization, GGUF's Q4_1 / Q5_1)
+//   kSym:    w = s * (q - zero); scales [T][K / 32][16] float16 (GGUF's Q4_0, Q5_0, Q8_0)
+//   kKQuant: w = d * sc * q - dmin * m, 32-weight sub-blocks of 256-weight super-blocks; scales d
+//            and biases dmin [T][K / 256][16] float16, sub [T][K / 32][2][16] uint8 (sc, then m)
+//            (GGUF's Q4_K, Q5_K)
+//   kQ6K:    w = d * sc * (q - 32), 16-weight sub-blocks; scales d [T][K / 256][16] float16, sub
+//            [T][K / 16][16] int8 (GGUF's Q6_K)
+enum Scheme : int { kAffine = 0, kSym = 1, kKQuant = 2, kQ6K = 3 };
+
 struct QWeight {
   const uint8_t* q;
   const void* scales;
-  const void* biases;
-  bool half;       // scales and biases are float16
-  int bits;        // 4 or 8
-  int group_size;  // a multiple of 32
+  const void* biases;   // kAffine and kKQuant
+  const uint8_t* sub;   // kKQuant and kQ6K
+  bool half;            // scales and biases are float16
+  int bits;             // 4, 5, 6 or 8
+  int group_size;       // kAffine: a multiple of 32
+  int scheme;
+  int zero;             // kSym's offset
 };
+
+inline int block_bytes(int bits) { return kLanes * kBlock * bits / 8; }
 
 struct QGemm {
   QActs x;
@@ -66,7 +86,7 @@ struct AttnRow {
 struct Isa {
   const char* name;
   // x [rows][K] -> the QActs arrays for `rows` rows (K a multiple of 32; q holds 2 * K per row).
-  void (*quantize_rows)(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum);
+  void (*quantize_rows)(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum, float* half);
   // out[m][o] for every row m and every output o of tiles t0 <= t < t1.
   void (*qgemm)(const QGemm& g, int64_t t0, int64_t t1);
   void (*exp)(const float* x, float* y, int64_t n);
@@ -107,9 +127,45 @@ inline float scale_at(const void* p, bool half, int64_t i) {
 // q of output o (< 16) of a tile at input k (< 32) of a block, from the block's packed bytes.
 inline int packed_q(const uint8_t* blk, int bits, int o, int k) {
   if (bits == 8) return blk[(k / 4) * 64 + o * 4 + k % 4];
-  const int h = k / 16, kk = k % 16;
+  const int h = k / 16, kk = k % 16, j = k / 4;
   const uint8_t byte = blk[(kk / 4) * 64 + o * 4 + kk % 4];
-  return h ? byte >> 4 : byte & 0x0F;
+  const int low = h ? byte >> 4 : byte & 0x0F;
+  if (bits == 4) return low;
+  if (bits == 5) return low | ((blk[256 + o * 4 + k % 4] >> j) & 1) << 4;
+  return low | ((blk[256 + (j / 4) * 64 + o * 4 + k % 4] >> (2 * (j % 4))) & 3) << 4;
+}
+
+// The scale and bias of output o (< 16) of tile t for input block b (of 32), and for Q6_K's
+// 16-weight halves the second half's (s1, b1; equal to s0, b0 for the other schemes).
+struct BlockScale {
+  float s0, b0, s1, b1;
+};
+inline BlockScale block_scale(const QWeight& w, int64_t K, int64_t t, int64_t b, int o) {
+  const int64_t nb = K / kBlock;
+  switch (w.scheme) {
+    case kSym: {
+      const float s = scale_at(w.scales, true, (t * nb + b) * kLanes + o);
+      return {s, -s * w.zero, s, -s * w.zero};
+    }
+    case kKQuant: {
+      const int64_t si = (t * (K / 256) + b / 8) * kLanes + o;
+      const float d = scale_at(w.scales, true, si), dmin = scale_at(w.biases, true, si);
+      const uint8_t* sb = w.sub + (t * nb + b) * 2 * kLanes;
+      const float s = d * static_cast<float>(sb[o]), bias = -(dmin * static_cast<float>(sb[kLanes + o]));
+      return {s, bias, s, bias};
+    }
+    case kQ6K: {
+      const float d = scale_at(w.scales, true, (t * (K / 256) + b / 8) * kLanes + o);
+      const int8_t* sb = reinterpret_cast<const int8_t*>(w.sub) + (t * nb + b) * 2 * kLanes;
+      const float s0 = d * static_cast<float>(sb[o]), s1 = d * static_cast<float>(sb[kLanes + o]);
+      return {s0, -32.0f * s0, s1, -32.0f * s1};
+    }
+    default: {
+      const int64_t si = (t * (K / w.group_size) + b / (w.group_size / kBlock)) * kLanes + o;
+      const float s = scale_at(w.scales, w.half, si), bias = scale_at(w.biases, w.half, si);
+      return {s, bias, s, bias};
+    }
+  }
 }
 
 }  // namespace mlxnb

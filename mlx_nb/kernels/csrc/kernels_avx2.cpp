@@ -3,6 +3,7 @@
 // 8-bit weights: widened to 16 bits and multiplied with madd, which is exact for 0..255 x -127..127.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -48,7 +49,7 @@ inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(zero_below, y);
 }
 
-void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum) {
+void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum, float* half) {
   const int64_t nb = K / kBlock;
   const __m256 sign = _mm256_set1_ps(-0.0f), fine = _mm256_set1_ps(static_cast<float>(kFine));
   alignas(32) int32_t hv[kBlock], lv[kBlock];
@@ -72,14 +73,16 @@ void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d,
                            _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(v, _mm256_cvtepi32_ps(h)), fine)));
       }
       int8_t* qb = q + i * 2 * kBlock;
-      int32_t qs = 0;
+      int32_t qs[2] = {0, 0};
       for (int j = 0; j < kBlock; ++j) {
         qb[j] = static_cast<int8_t>(hv[j]);
         qb[kBlock + j] = static_cast<int8_t>(lv[j]);
-        qs += kFine * hv[j] + lv[j];
+        qs[j / 16] += kFine * hv[j] + lv[j];
       }
       d[i] = amax / (127.0f * kFine);
-      sum[i] = d[i] * static_cast<float>(qs);
+      sum[i] = d[i] * static_cast<float>(qs[0] + qs[1]);
+      half[2 * i] = d[i] * static_cast<float>(qs[0]);
+      half[2 * i + 1] = d[i] * static_cast<float>(qs[1]);
     }
   }
 }
@@ -91,73 +94,200 @@ inline __m256 load8(const void* p, int64_t i) {
   return _mm256_loadu_ps(static_cast<const float*>(p) + i);
 }
 
+inline __m256 load8_u8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+inline __m256 load8_i8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
 
-// The 8 int32 dot products of one block for outputs 8h .. 8h + 7 of a tile, for the digits at xb.
-// 16-bit partial sums stay exact: a 4-bit weight (or a nibble of an 8-bit one) times 127, 8 pairs
-// deep, is at most 30,480.
+inline __m256i or_masked(__m256i w, __m256i shifted, __m256i mask) {
+  return _mm256_or_si256(w, _mm256_and_si256(shifted, mask));
+}
+
+// The q of outputs 8h .. 8h + 7 of a block as bytes: w[j] holds inputs 4j .. 4j + 3 (isa.h's layout;
+// 5 and 6 bits as in kernels_avx512.cpp). Not for 8 bits, which block_dot reads by nibbles.
 template <int BITS>
-inline __m256i block_dot(const uint8_t* wb, int h, const int8_t* xb) {
-  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-  if constexpr (BITS == 4) {
-    for (int j = 0; j < 4; ++j) {
-      const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + j * 64 + h * 32));
-      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(z, nib), bcast4(xb + 4 * j)));
-      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(z, 4), nib),
-                                                     bcast4(xb + 16 + 4 * j)));
+inline void unpack(const uint8_t* wb, int h, __m256i w[8]) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + j * 64 + h * 32));
+    w[j] = _mm256_and_si256(z, nib);
+    w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(z, 4), nib);
+  }
+  if constexpr (BITS == 5) {
+    const __m256i hp = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + h * 32));
+    const __m256i bit = _mm256_set1_epi8(0x10);
+    w[0] = or_masked(w[0], _mm256_slli_epi16(hp, 4), bit);
+    w[1] = or_masked(w[1], _mm256_slli_epi16(hp, 3), bit);
+    w[2] = or_masked(w[2], _mm256_slli_epi16(hp, 2), bit);
+    w[3] = or_masked(w[3], _mm256_slli_epi16(hp, 1), bit);
+    w[4] = or_masked(w[4], hp, bit);
+    w[5] = or_masked(w[5], _mm256_srli_epi16(hp, 1), bit);
+    w[6] = or_masked(w[6], _mm256_srli_epi16(hp, 2), bit);
+    w[7] = or_masked(w[7], _mm256_srli_epi16(hp, 3), bit);
+  }
+  if constexpr (BITS == 6) {
+    const __m256i two = _mm256_set1_epi8(0x30);
+    for (int p = 0; p < 2; ++p) {
+      const __m256i hp = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 256 + 64 * p + h * 32));
+      w[4 * p] = or_masked(w[4 * p], _mm256_slli_epi16(hp, 4), two);
+      w[4 * p + 1] = or_masked(w[4 * p + 1], _mm256_slli_epi16(hp, 2), two);
+      w[4 * p + 2] = or_masked(w[4 * p + 2], hp, two);
+      w[4 * p + 3] = or_masked(w[4 * p + 3], _mm256_srli_epi16(hp, 2), two);
     }
-    return _mm256_madd_epi16(lo, ones);
-  } else {
+  }
+}
+
+// The int32 dot products of one block for outputs 8h .. 8h + 7, for the digits at xb: of inputs
+// 0-15 and of 16-31 (for 8 bits: of all 32, and zero). 16-bit partial sums stay exact: a 4-bit
+// weight (or a nibble of an 8-bit one) times 127, 8 pairs deep, is at most 30,480; a 6-bit one
+// 4 pairs deep, 32,004.
+template <int BITS>
+inline void block_dot(const uint8_t* wb, int h, const __m256i w[8], const int8_t* xb, __m256i out[2]) {
+  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  if constexpr (BITS == 8) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + j * 64 + h * 32));
       const __m256i xv = bcast4(xb + 4 * j);
       lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(z, nib), xv));
       hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(z, 4), nib), xv));
     }
-    return _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_slli_epi32(_mm256_madd_epi16(hi, ones), 4));
-  }
-}
-
-template <int BITS, bool HALF>
-void qgemm_t(const QGemm& g, int64_t t0, int64_t t1) {
-  const int64_t nb = g.K / kBlock, ng = g.K / g.w.group_size, bpg = g.w.group_size / kBlock;
-  constexpr int64_t BB = kLanes * kBlock * BITS / 8;
-  alignas(32) float tmp[kLanes];
-  for (int64_t t = t0; t < t1; ++t) {
-    const uint8_t* wt = g.w.q + t * nb * BB;
-    const int64_t left = g.N - t * kLanes, lanes = left < kLanes ? left : kLanes;
-    for (int64_t m = 0; m < g.M; ++m) {
-      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t si = (t * ng + b / bpg) * kLanes;
-        const int8_t* xb = g.x.q + (m * nb + b) * 2 * kBlock;
-        const __m256 dv = _mm256_set1_ps(g.x.d[m * nb + b]), sumv = _mm256_set1_ps(g.x.sum[m * nb + b]);
-        for (int h = 0; h < 2; ++h) {
-          const __m256i hi = block_dot<BITS>(wt + b * BB, h, xb), lo = block_dot<BITS>(wt + b * BB, h, xb + kBlock);
-          // 254 * hi + lo, exact in 32 bits
-          const __m256 dot = _mm256_cvtepi32_ps(
-              _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), _mm256_slli_epi32(hi, 1)), lo));
-          acc[h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(load8<HALF>(g.w.scales, si + 8 * h), dv), acc[h]);
-          acc[h] = _mm256_fmadd_ps(load8<HALF>(g.w.biases, si + 8 * h), sumv, acc[h]);
-        }
+    out[0] = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_slli_epi32(_mm256_madd_epi16(hi, ones), 4));
+    out[1] = _mm256_setzero_si256();
+  } else {
+    for (int half = 0; half < 2; ++half) {
+      __m256i s[2];
+      for (int p = 0; p < 2; ++p) {
+        const int j = 4 * half + 2 * p;
+        s[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[j], bcast4(xb + 4 * j)),
+                                                  _mm256_maddubs_epi16(w[j + 1], bcast4(xb + 4 * j + 4))), ones);
       }
-      _mm256_store_ps(tmp, acc[0]);
-      _mm256_store_ps(tmp + 8, acc[1]);
-      std::memcpy(g.out + m * g.N + t * kLanes, tmp, lanes * sizeof(float));
+      out[half] = _mm256_add_epi32(s[0], s[1]);
     }
   }
 }
 
-void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
-  if (g.w.bits == 4) {
-    g.w.half ? qgemm_t<4, true>(g, t0, t1) : qgemm_t<4, false>(g, t0, t1);
+inline __m256 digits(__m256i hi, __m256i lo) {  // 254 * hi + lo, exact in 32 bits
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), _mm256_slli_epi32(hi, 1)), lo));
+}
+
+// The scales of outputs 8h .. 8h + 7 of tile t for input block b: s0 for inputs 0-15, s1 for 16-31
+// (Q6_K's 16-weight sub-blocks; the other schemes use s0 and b0 alone).
+template <int SCHEME, bool HALF>
+inline void block_scales(const QGemm& g, int64_t t, int64_t b, int h, __m256& s0, __m256& b0, __m256& s1,
+                         __m256& b1) {
+  const int64_t nb = g.K / kBlock;
+  if constexpr (SCHEME == kAffine) {
+    const int64_t si = (t * (g.K / g.w.group_size) + b / (g.w.group_size / kBlock)) * kLanes + 8 * h;
+    s0 = load8<HALF>(g.w.scales, si);
+    b0 = load8<HALF>(g.w.biases, si);
+  } else if constexpr (SCHEME == kSym) {
+    s0 = load8<true>(g.w.scales, (t * nb + b) * kLanes + 8 * h);
+    b0 = _mm256_mul_ps(s0, _mm256_set1_ps(static_cast<float>(-g.w.zero)));
   } else {
-    g.w.half ? qgemm_t<8, true>(g, t0, t1) : qgemm_t<8, false>(g, t0, t1);
+    const int64_t si = (t * (g.K / 256) + b / 8) * kLanes + 8 * h;
+    const uint8_t* sb = g.w.sub + (t * nb + b) * 2 * kLanes + 8 * h;
+    const __m256 d = load8<true>(g.w.scales, si);
+    if constexpr (SCHEME == kKQuant) {
+      s0 = _mm256_mul_ps(d, load8_u8(sb));
+      b0 = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(load8<true>(g.w.biases, si), load8_u8(sb + kLanes)));
+    } else {
+      s0 = _mm256_mul_ps(d, load8_i8(sb));
+      s1 = _mm256_mul_ps(d, load8_i8(sb + kLanes));
+      b0 = _mm256_mul_ps(s0, _mm256_set1_ps(-32.0f));
+      b1 = _mm256_mul_ps(s1, _mm256_set1_ps(-32.0f));
+    }
+  }
+}
+
+// Rows m0 .. m0 + RT of outputs 8h .. 8h + 7 of tile t into out[RT][8]: a block's weights are
+// unpacked once for the RT rows. Each row's arithmetic is the same whatever RT is.
+template <int BITS, int SCHEME, bool HALF, int RT>
+inline void tile(const QGemm& g, int64_t t, int64_t m0, int h, float* out) {
+  const int64_t nb = g.K / kBlock;
+  constexpr int64_t BB = kLanes * kBlock * BITS / 8;
+  const uint8_t* wt = g.w.q + t * nb * BB;
+  __m256 acc[RT];
+  for (int r = 0; r < RT; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 s0, b0, s1 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+    block_scales<SCHEME, HALF>(g, t, b, h, s0, b0, s1, b1);
+    __m256i w[8];
+    if constexpr (BITS != 8) unpack<BITS>(wt + b * BB, h, w);
+    for (int r = 0; r < RT; ++r) {
+      const int64_t i = (m0 + r) * nb + b;
+      const int8_t* xb = g.x.q + i * 2 * kBlock;
+      const __m256 dv = _mm256_set1_ps(g.x.d[i]);
+      __m256i hi[2], lo[2];
+      block_dot<BITS>(wt + b * BB, h, w, xb, hi);
+      block_dot<BITS>(wt + b * BB, h, w, xb + kBlock, lo);
+      if constexpr (SCHEME == kQ6K) {
+        acc[r] = _mm256_fmadd_ps(digits(hi[0], lo[0]), _mm256_mul_ps(s0, dv), acc[r]);
+        acc[r] = _mm256_fmadd_ps(digits(hi[1], lo[1]), _mm256_mul_ps(s1, dv), acc[r]);
+        acc[r] = _mm256_fmadd_ps(b0, _mm256_set1_ps(g.x.half[2 * i]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(b1, _mm256_set1_ps(g.x.half[2 * i + 1]), acc[r]);
+      } else {
+        const __m256 dot = digits(_mm256_add_epi32(hi[0], hi[1]), _mm256_add_epi32(lo[0], lo[1]));
+        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s0, dv), acc[r]);
+        acc[r] = _mm256_fmadd_ps(b0, _mm256_set1_ps(g.x.sum[i]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r) _mm256_store_ps(out + 8 * r, acc[r]);
+}
+
+template <int BITS, int SCHEME, bool HALF, int RT>
+inline void rows(const QGemm& g, int64_t t, int64_t m0) {
+  alignas(32) float tmp[RT * 8];
+  const int64_t left = g.N - t * kLanes;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t lanes = std::min<int64_t>(8, left - 8 * h);
+    if (lanes <= 0) break;
+    tile<BITS, SCHEME, HALF, RT>(g, t, m0, h, tmp);
+    for (int r = 0; r < RT; ++r) std::memcpy(g.out + (m0 + r) * g.N + t * kLanes + 8 * h, tmp + 8 * r, lanes * 4);
+  }
+}
+
+template <int BITS, int SCHEME, bool HALF>
+void qgemm_t(const QGemm& g, int64_t t0, int64_t t1) {
+  constexpr int RT = 4;
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t m0 = 0;
+    for (; m0 + RT <= g.M; m0 += RT) rows<BITS, SCHEME, HALF, RT>(g, t, m0);
+    switch (g.M - m0) {
+      case 3: rows<BITS, SCHEME, HALF, 3>(g, t, m0); break;
+      case 2: rows<BITS, SCHEME, HALF, 2>(g, t, m0); break;
+      case 1: rows<BITS, SCHEME, HALF, 1>(g, t, m0); break;
+      default: break;
+    }
+  }
+}
+
+template <int BITS>
+void qgemm_bits(const QGemm& g, int64_t t0, int64_t t1) {
+  switch (g.w.scheme) {
+    case kSym: return qgemm_t<BITS, kSym, true>(g, t0, t1);
+    case kKQuant: return qgemm_t<BITS, kKQuant, true>(g, t0, t1);
+    case kQ6K: return qgemm_t<BITS, kQ6K, true>(g, t0, t1);
+    default: return g.w.half ? qgemm_t<BITS, kAffine, true>(g, t0, t1) : qgemm_t<BITS, kAffine, false>(g, t0, t1);
+  }
+}
+
+void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
+  switch (g.w.bits) {
+    case 4: return qgemm_bits<4>(g, t0, t1);
+    case 5: return qgemm_bits<5>(g, t0, t1);
+    case 6: return qgemm_bits<6>(g, t0, t1);
+    default: return qgemm_bits<8>(g, t0, t1);
   }
 }
 

@@ -52,9 +52,10 @@ inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
 }
 
-void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum) {
+void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum, float* half) {
   const int64_t nb = K / kBlock;
   const __m512 fine = _mm512_set1_ps(static_cast<float>(kFine));
+  const __m512i kf = _mm512_set1_epi32(kFine);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * kBlock;
@@ -71,10 +72,12 @@ void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d,
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(h1));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 32), _mm512_cvtepi32_epi8(l0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 48), _mm512_cvtepi32_epi8(l1));
-      const __m512i all = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(h0, h1), _mm512_set1_epi32(kFine)),
-                                           _mm512_add_epi32(l0, l1));
+      const int32_t s0 = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(h0, kf), l0));
+      const int32_t s1 = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(h1, kf), l1));
       d[i] = amax / (127.0f * kFine);
-      sum[i] = d[i] * static_cast<float>(_mm512_reduce_add_epi32(all));
+      sum[i] = d[i] * static_cast<float>(s0 + s1);
+      half[2 * i] = d[i] * static_cast<float>(s0);
+      half[2 * i + 1] = d[i] * static_cast<float>(s1);
     }
   }
 }
@@ -86,53 +89,126 @@ inline __m512 load16(const void* p, int64_t i) {
   return _mm512_loadu_ps(static_cast<const float*>(p) + i);
 }
 
+inline __m512 load16_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+inline __m512 load16_i8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
 }
 
+// w | (shifted & mask), one instruction
+inline __m512i or_masked(__m512i w, __m512i shifted, __m512i mask) {
+  return _mm512_ternarylogic_epi32(w, shifted, mask, 0xF8);
+}
+
+// The q of a block as bytes: w[j] holds inputs 4j .. 4j + 3 of each of the 16 outputs (isa.h's layout).
+template <int BITS>
+inline void unpack(const uint8_t* wb, __m512i w[8]) {
+  if constexpr (BITS == 8) {
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wb + j * 64);
+    return;
+  }
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i z = _mm512_loadu_si512(wb + j * 64);
+    w[j] = _mm512_and_si512(z, nib);
+    w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+  }
+  if constexpr (BITS == 5) {  // bit j of the plane's bytes -> bit 4 of w[j]'s (16-bit shifts: masked after)
+    const __m512i hp = _mm512_loadu_si512(wb + 256), bit = _mm512_set1_epi8(0x10);
+    w[0] = or_masked(w[0], _mm512_slli_epi16(hp, 4), bit);
+    w[1] = or_masked(w[1], _mm512_slli_epi16(hp, 3), bit);
+    w[2] = or_masked(w[2], _mm512_slli_epi16(hp, 2), bit);
+    w[3] = or_masked(w[3], _mm512_slli_epi16(hp, 1), bit);
+    w[4] = or_masked(w[4], hp, bit);
+    w[5] = or_masked(w[5], _mm512_srli_epi16(hp, 1), bit);
+    w[6] = or_masked(w[6], _mm512_srli_epi16(hp, 2), bit);
+    w[7] = or_masked(w[7], _mm512_srli_epi16(hp, 3), bit);
+  }
+  if constexpr (BITS == 6) {  // bits 2(j % 4), +1 of plane j / 4 -> bits 4, 5 of w[j]
+    const __m512i two = _mm512_set1_epi8(0x30);
+    for (int p = 0; p < 2; ++p) {
+      const __m512i hp = _mm512_loadu_si512(wb + 256 + 64 * p);
+      w[4 * p] = or_masked(w[4 * p], _mm512_slli_epi16(hp, 4), two);
+      w[4 * p + 1] = or_masked(w[4 * p + 1], _mm512_slli_epi16(hp, 2), two);
+      w[4 * p + 2] = or_masked(w[4 * p + 2], hp, two);
+      w[4 * p + 3] = or_masked(w[4 * p + 3], _mm512_srli_epi16(hp, 2), two);
+    }
+  }
+}
+
+// 254 * hi + lo, exact in 32 bits (|hi| <= 32 * 255 * 127)
+inline __m512 digits(__m512i hi, __m512i lo) {
+  return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), _mm512_slli_epi32(hi, 1)), lo));
+}
+
 // Rows m0 .. m0 + RT of the 16 outputs of tile t. Each row's arithmetic is the same whatever RT is.
-template <int BITS, bool HALF, int RT>
+template <int BITS, int SCHEME, bool HALF, int RT>
 inline void tile(const QGemm& g, int64_t t, int64_t m0) {
-  const int64_t nb = g.K / kBlock, ng = g.K / g.w.group_size, bpg = g.w.group_size / kBlock;
+  const int64_t nb = g.K / kBlock;
   constexpr int64_t BB = kLanes * kBlock * BITS / 8;
   const uint8_t* wt = g.w.q + t * nb * BB;
-  const __m512i nib = _mm512_set1_epi8(0x0F);
   __m512 acc[RT];
   for (int r = 0; r < RT; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 sup_d = _mm512_setzero_ps(), sup_m = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const int64_t si = (t * ng + b / bpg) * kLanes;
-    const __m512 sv = load16<HALF>(g.w.scales, si), bv = load16<HALF>(g.w.biases, si);
-    __m512i w[8];  // w[j]: the q of inputs 4j .. 4j + 3 of the block, for each of the 16 outputs
-    const uint8_t* wb = wt + b * BB;
-    if constexpr (BITS == 4) {
-      for (int j = 0; j < 4; ++j) {
-        const __m512i z = _mm512_loadu_si512(wb + j * 64);
-        w[j] = _mm512_and_si512(z, nib);
-        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
-      }
+    // this block's scales (s0 for inputs 0-15, s1 for 16-31) and biases, per output
+    __m512 s0, b0, s1 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    if constexpr (SCHEME == kAffine) {
+      const int64_t si = (t * (g.K / g.w.group_size) + b / (g.w.group_size / kBlock)) * kLanes;
+      s0 = load16<HALF>(g.w.scales, si);
+      b0 = load16<HALF>(g.w.biases, si);
+    } else if constexpr (SCHEME == kSym) {
+      s0 = load16<true>(g.w.scales, (t * nb + b) * kLanes);
+      b0 = _mm512_mul_ps(s0, _mm512_set1_ps(static_cast<float>(-g.w.zero)));
     } else {
-      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wb + j * 64);
-    }
-    for (int r = 0; r < RT; ++r) {
-      const int64_t m = m0 + r;
-      const int8_t* xb = g.x.q + (m * nb + b) * 2 * kBlock;
-      // Four independent chains (digit x even/odd chunk): dpbusd's latency, not its throughput,
-      // bounds a single row.
-      __m512i hi0 = _mm512_setzero_si512(), hi1 = hi0, lo0 = hi0, lo1 = hi0;
-      for (int j = 0; j < 8; j += 2) {
-        hi0 = _mm512_dpbusd_epi32(hi0, w[j], bcast4(xb + 4 * j));
-        lo0 = _mm512_dpbusd_epi32(lo0, w[j], bcast4(xb + kBlock + 4 * j));
-        hi1 = _mm512_dpbusd_epi32(hi1, w[j + 1], bcast4(xb + 4 * j + 4));
-        lo1 = _mm512_dpbusd_epi32(lo1, w[j + 1], bcast4(xb + kBlock + 4 * j + 4));
+      if (b % 8 == 0) {
+        const int64_t si = (t * (g.K / 256) + b / 8) * kLanes;
+        sup_d = load16<true>(g.w.scales, si);
+        if constexpr (SCHEME == kKQuant) sup_m = load16<true>(g.w.biases, si);
       }
-      const __m512i hi = _mm512_add_epi32(hi0, hi1), lo = _mm512_add_epi32(lo0, lo1);
-      // 254 * hi + lo, exact in 32 bits (|hi| <= 32 * 255 * 127)
-      const __m512i both = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), _mm512_slli_epi32(hi, 1)), lo);
-      const __m512 dot = _mm512_cvtepi32_ps(both);
-      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(sv, _mm512_set1_ps(g.x.d[m * nb + b])), acc[r]);
-      acc[r] = _mm512_fmadd_ps(bv, _mm512_set1_ps(g.x.sum[m * nb + b]), acc[r]);
+      const uint8_t* sb = g.w.sub + (t * nb + b) * 2 * kLanes;
+      if constexpr (SCHEME == kKQuant) {
+        s0 = _mm512_mul_ps(sup_d, load16_u8(sb));
+        b0 = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(sup_m, load16_u8(sb + kLanes)));
+      } else {
+        s0 = _mm512_mul_ps(sup_d, load16_i8(sb));
+        s1 = _mm512_mul_ps(sup_d, load16_i8(sb + kLanes));
+        b0 = _mm512_mul_ps(s0, _mm512_set1_ps(-32.0f));
+        b1 = _mm512_mul_ps(s1, _mm512_set1_ps(-32.0f));
+      }
+    }
+    __m512i w[8];
+    unpack<BITS>(wt + b * BB, w);
+    for (int r = 0; r < RT; ++r) {
+      const int64_t i = (m0 + r) * nb + b;
+      const int8_t* xb = g.x.q + i * 2 * kBlock;
+      // Four independent chains (digit x half): dpbusd's latency, not its throughput, bounds a row.
+      __m512i hiA = _mm512_setzero_si512(), hiB = hiA, loA = hiA, loB = hiA;
+      for (int j = 0; j < 4; ++j) {
+        hiA = _mm512_dpbusd_epi32(hiA, w[j], bcast4(xb + 4 * j));
+        loA = _mm512_dpbusd_epi32(loA, w[j], bcast4(xb + kBlock + 4 * j));
+        hiB = _mm512_dpbusd_epi32(hiB, w[j + 4], bcast4(xb + 16 + 4 * j));
+        loB = _mm512_dpbusd_epi32(loB, w[j + 4], bcast4(xb + kBlock + 16 + 4 * j));
+      }
+      const __m512 dx = _mm512_set1_ps(g.x.d[i]);
+      if constexpr (SCHEME == kQ6K) {
+        acc[r] = _mm512_fmadd_ps(digits(hiA, loA), _mm512_mul_ps(s0, dx), acc[r]);
+        acc[r] = _mm512_fmadd_ps(digits(hiB, loB), _mm512_mul_ps(s1, dx), acc[r]);
+        acc[r] = _mm512_fmadd_ps(b0, _mm512_set1_ps(g.x.half[2 * i]), acc[r]);
+        acc[r] = _mm512_fmadd_ps(b1, _mm512_set1_ps(g.x.half[2 * i + 1]), acc[r]);
+      } else {
+        const __m512 dot = digits(_mm512_add_epi32(hiA, hiB), _mm512_add_epi32(loA, loB));
+        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s0, dx), acc[r]);
+        acc[r] = _mm512_fmadd_ps(b0, _mm512_set1_ps(g.x.sum[i]), acc[r]);
+      }
     }
   }
   const int64_t left = g.N - t * kLanes;
@@ -140,26 +216,37 @@ inline void tile(const QGemm& g, int64_t t, int64_t m0) {
   for (int r = 0; r < RT; ++r) _mm512_mask_storeu_ps(g.out + (m0 + r) * g.N + t * kLanes, mask, acc[r]);
 }
 
-template <int BITS, bool HALF>
+template <int BITS, int SCHEME, bool HALF>
 void qgemm_t(const QGemm& g, int64_t t0, int64_t t1) {
   constexpr int RT = 4;  // 6 and 8 measured no faster: two dot products a digit bound it, not loads
   for (int64_t t = t0; t < t1; ++t) {
     int64_t m0 = 0;
-    for (; m0 + RT <= g.M; m0 += RT) tile<BITS, HALF, RT>(g, t, m0);
+    for (; m0 + RT <= g.M; m0 += RT) tile<BITS, SCHEME, HALF, RT>(g, t, m0);
     switch (g.M - m0) {
-      case 3: tile<BITS, HALF, 3>(g, t, m0); break;
-      case 2: tile<BITS, HALF, 2>(g, t, m0); break;
-      case 1: tile<BITS, HALF, 1>(g, t, m0); break;
+      case 3: tile<BITS, SCHEME, HALF, 3>(g, t, m0); break;
+      case 2: tile<BITS, SCHEME, HALF, 2>(g, t, m0); break;
+      case 1: tile<BITS, SCHEME, HALF, 1>(g, t, m0); break;
       default: break;
     }
   }
 }
 
+template <int BITS>
+void qgemm_bits(const QGemm& g, int64_t t0, int64_t t1) {
+  switch (g.w.scheme) {
+    case kSym: return qgemm_t<BITS, kSym, true>(g, t0, t1);
+    case kKQuant: return qgemm_t<BITS, kKQuant, true>(g, t0, t1);
+    case kQ6K: return qgemm_t<BITS, kQ6K, true>(g, t0, t1);
+    default: return g.w.half ? qgemm_t<BITS, kAffine, true>(g, t0, t1) : qgemm_t<BITS, kAffine, false>(g, t0, t1);
+  }
+}
+
 void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
-  if (g.w.bits == 4) {
-    g.w.half ? qgemm_t<4, true>(g, t0, t1) : qgemm_t<4, false>(g, t0, t1);
-  } else {
-    g.w.half ? qgemm_t<8, true>(g, t0, t1) : qgemm_t<8, false>(g, t0, t1);
+  switch (g.w.bits) {
+    case 4: return qgemm_bits<4>(g, t0, t1);
+    case 5: return qgemm_bits<5>(g, t0, t1);
+    case 6: return qgemm_bits<6>(g, t0, t1);
+    default: return qgemm_bits<8>(g, t0, t1);
   }
 }
 

@@ -11,17 +11,32 @@ namespace mx = mlx::core;
 
 namespace mlxnb {
 
-// x @ W.T for an affine-quantized weight W of n outputs in the kernels' packed layout (isa.h;
-// mlx_nb.kernels.packing makes it from MLX's), activations quantized to int8 in blocks of 32.
-// With norm_weight, x is RMS-normalized first (eps); with gate, x holds [gate, up] halves and the
-// matmul reads silu(gate) * up; with residual, it is added to the result.
-mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales, const mx::array& biases,
-                  int n, int group_size, int bits, const std::optional<mx::array>& norm_weight = std::nullopt,
-                  float eps = 0.0f, const std::optional<mx::array>& residual = std::nullopt, bool gate = false,
+// x @ W.T for a quantized weight W of n outputs in the kernels' packed layout (isa.h: bits 4/5/6/8,
+// `scheme` kAffine / kSym / kKQuant / kQ6K with its `biases`, `sub` and `zero`; mlx_nb.kernels.packing
+// makes it from MLX's affine weights, pack_ggml from GGUF's blocks), activations quantized to int8
+// in blocks of 32. With norm_weight, x is RMS-normalized first (eps); with gate, x holds [gate, up]
+// halves and the matmul reads silu(gate) * up; with residual, it is added to the result.
+mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales,
+                  const std::optional<mx::array>& biases, int n, int group_size, int bits, int scheme = 0,
+                  int zero = 0, const std::optional<mx::array>& sub = std::nullopt,
+                  const std::optional<mx::array>& norm_weight = std::nullopt, float eps = 0.0f,
+                  const std::optional<mx::array>& residual = std::nullopt, bool gate = false,
                   mx::StreamOrDevice s = {});
 // Rows `ids` of such a weight (n rows of k), dequantized to float32: a quantized embedding's lookup.
-mx::array qgather(const mx::array& ids, const mx::array& packed, const mx::array& scales, const mx::array& biases,
-                  int n, int k, int group_size, int bits, mx::StreamOrDevice s = {});
+mx::array qgather(const mx::array& ids, const mx::array& packed, const mx::array& scales,
+                  const std::optional<mx::array>& biases, int n, int k, int group_size, int bits, int scheme = 0,
+                  int zero = 0, const std::optional<mx::array>& sub = std::nullopt, mx::StreamOrDevice s = {});
+// x [rows, K] through the packed weight of the expert each row chose (experts [rows]); the weights
+// of `num_experts` experts of n outputs each stacked along the tiles. Each chosen expert is read once.
+mx::array qmatmul_experts(const mx::array& x, const mx::array& experts, const mx::array& packed,
+                          const mx::array& scales, const std::optional<mx::array>& biases, int n, int num_experts,
+                          int group_size, int bits, int scheme = 0, int zero = 0,
+                          const std::optional<mx::array>& sub = std::nullopt, mx::StreamOrDevice s = {});
+// GGUF blocks of ggml type `type` (raw uint8 [rows, bytes per row], k weights a row) in the packed
+// layout: [packed, scales, biases, sub] (biases and sub one element where the type's scheme has none).
+std::vector<mx::array> pack_ggml(const mx::array& raw, int type, int k, mx::StreamOrDevice s = {});
+// {weights a block, bytes a block, bits, scheme, zero} of ggml type `type`, or {} if it has no kernel.
+std::vector<int> ggml_format(int type);
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});
 // mx.fast.rope's contract: x [B, ..., L, D], offset a scalar or one per batch row.
 mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,

@@ -4,13 +4,14 @@
 #include "common.h"
 #include "isa.h"
 #include "ops.h"
+#include "packed.h"
 
 namespace mlxnb {
 namespace {
 
 struct Scratch {
   std::vector<int8_t> q;
-  std::vector<float> d, sum, x, normed, norm_w, res;
+  std::vector<float> d, sum, half, x, normed, norm_w, res;
 };
 
 // Optional work fused into a matmul: an RMSNorm of x first (the layer's input norm), a residual
@@ -29,6 +30,7 @@ void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, in
   sc.q.resize(M * K * 2);
   sc.d.resize(M * nb);
   sc.sum.resize(M * nb);
+  sc.half.resize(M * nb * 2);
   const Isa& k = isa();
   const float* nw = f.norm_weight ? row_major(*f.norm_weight, sc.norm_w) : nullptr;
   if (nw || f.gate) sc.normed.resize(M * K);
@@ -41,9 +43,10 @@ void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, in
       for (int64_t r = r0; r < r1; ++r) k.silu_mul(x + r * xk, x + r * xk + K, sc.normed.data() + r * K, K);
       src = sc.normed.data() + r0 * K;
     }
-    k.quantize_rows(src, r1 - r0, K, sc.q.data() + r0 * K * 2, sc.d.data() + r0 * nb, sc.sum.data() + r0 * nb);
+    k.quantize_rows(src, r1 - r0, K, sc.q.data() + r0 * K * 2, sc.d.data() + r0 * nb, sc.sum.data() + r0 * nb,
+                    sc.half.data() + r0 * nb * 2);
   });
-  const QGemm g{{sc.q.data(), sc.d.data(), sc.sum.data()}, w, M, N, K, out};
+  const QGemm g{{sc.q.data(), sc.d.data(), sc.sum.data(), sc.half.data()}, w, M, N, K, out};
   const int64_t tiles = (N + kLanes - 1) / kLanes;
   auto& pool = Pool::instance();
   if (pool.threads() == 1 || M * N * K < (1 << 17)) {
@@ -59,22 +62,15 @@ void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, in
   }
 }
 
-// The packed weight's arrays as the kernels read them (packing makes them contiguous).
-QWeight packed_view(const std::vector<mx::array>& in, int bits, int group_size) {
-  return {in[1].data<uint8_t>(), in[2].data<void>(), in[3].data<void>(), in[2].dtype() == mx::float16, bits,
-          group_size};
-}
-
 class QMatmul : public CpuOnly {
  public:
-  QMatmul(mx::Stream s, int64_t n, int group_size, int bits, bool norm, float eps, bool residual, bool gate)
-      : CpuOnly(s), n_(n), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps), residual_(residual),
-        gate_(gate) {}
+  QMatmul(mx::Stream s, int64_t n, Layout layout, bool norm, float eps, bool residual, bool gate)
+      : CpuOnly(s), n_(n), layout_(layout), norm_(norm), eps_(eps), residual_(residual), gate_(gate) {}
   const char* name() const override { return "MlxNbQMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QMatmul&>(other);
-    return o.n_ == n_ && o.group_size_ == group_size_ && o.bits_ == bits_ && o.norm_ == norm_ && o.eps_ == eps_ &&
-           o.residual_ == residual_ && o.gate_ == gate_;
+    return o.n_ == n_ && o.layout_ == layout_ && o.norm_ == norm_ && o.eps_ == eps_ && o.residual_ == residual_ &&
+           o.gate_ == gate_;
   }
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     auto& out = outs[0];
@@ -82,18 +78,18 @@ class QMatmul : public CpuOnly {
     const int64_t K = in[0].shape(-1) / (gate_ ? 2 : 1), M = K ? in[0].size() / (gate_ ? 2 * K : K) : 0;
     Fused f;
     f.gate = gate_;
-    size_t next = 4;
+    size_t next = 1 + weight_inputs(layout_.scheme);
     if (norm_) f.norm_weight = in[next++], f.eps = eps_;
     if (residual_) f.residual = in[next++];
     auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.dispatch([x = in[0], w = packed_view(in, bits_, group_size_), M, N = n_, K, o = out.data<float>(), f]() {
+    enc.dispatch([x = in[0], w = packed_view(in, 1, layout_), M, N = n_, K, o = out.data<float>(), f]() {
       run_qmatmul(x, w, M, N, K, o, f);
     });
   }
 
  private:
   int64_t n_;
-  int group_size_, bits_;
+  Layout layout_;
   bool norm_;
   float eps_;
   bool residual_, gate_;
@@ -102,75 +98,55 @@ class QMatmul : public CpuOnly {
 // Rows of a packed weight, dequantized: the lookup of a quantized embedding.
 class QGather : public CpuOnly {
  public:
-  QGather(mx::Stream s, int group_size, int bits) : CpuOnly(s), group_size_(group_size), bits_(bits) {}
+  QGather(mx::Stream s, Layout layout) : CpuOnly(s), layout_(layout) {}
   const char* name() const override { return "MlxNbQGather"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    auto& o = static_cast<const QGather&>(other);
-    return o.group_size_ == group_size_ && o.bits_ == bits_;
+    return static_cast<const QGather&>(other).layout_ == layout_;
   }
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     auto& out = outs[0];
     alloc(out);
     const int64_t K = out.shape(-1), nb = K / kBlock;
     auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.dispatch([ids_a = in[0], w = packed_view(in, bits_, group_size_), K, nb, o = out.data<float>()]() {
+    enc.dispatch([ids_a = in[0], w = packed_view(in, 1, layout_), K, nb, o = out.data<float>()]() {
       thread_local std::vector<int32_t> buf;
       const int32_t* ids = row_major(ids_a, buf);
-      const int64_t ng = K / w.group_size, bpg = w.group_size / kBlock, bb = kLanes * kBlock * w.bits / 8;
+      const int64_t bb = block_bytes(w.bits);
       for (size_t r = 0; r < ids_a.size(); ++r) {
         const int64_t t = ids[r] / kLanes, lane = ids[r] % kLanes;
         for (int64_t b = 0; b < nb; ++b) {
           const uint8_t* blk = w.q + (t * nb + b) * bb;
-          const int64_t si = (t * ng + b / bpg) * kLanes + lane;
-          const float sc = scale_at(w.scales, w.half, si), bi = scale_at(w.biases, w.half, si);
-          for (int k = 0; k < kBlock; ++k)
-            o[r * K + b * kBlock + k] = sc * static_cast<float>(packed_q(blk, w.bits, static_cast<int>(lane), k)) + bi;
+          const BlockScale s = block_scale(w, K, t, b, static_cast<int>(lane));
+          for (int k = 0; k < kBlock; ++k) {
+            const float q = static_cast<float>(packed_q(blk, w.bits, static_cast<int>(lane), k));
+            o[r * K + b * kBlock + k] = k < 16 ? s.s0 * q + s.b0 : s.s1 * q + s.b1;
+          }
         }
       }
     });
   }
 
  private:
-  int group_size_, bits_;
+  Layout layout_;
 };
-
-// Checks a packed weight (see isa.h) for n outputs of k inputs; returns its scales and biases in one dtype.
-std::pair<mx::array, mx::array> check_packed(const std::string& op, const mx::array& packed, const mx::array& scales,
-                                             const mx::array& biases, int64_t n, int64_t k, int group_size, int bits,
-                                             mx::StreamOrDevice s) {
-  if (bits != 4 && bits != 8) fail(op, "supports 4- and 8-bit weights, got " + std::to_string(bits));
-  if (group_size < kBlock || group_size % kBlock) fail(op, "group_size must be a multiple of 32");
-  if (k <= 0 || k % group_size) fail(op, "the input size must be a positive multiple of group_size");
-  const int64_t tiles = (n + kLanes - 1) / kLanes;
-  const mx::Shape pshape{static_cast<int>(tiles), static_cast<int>(k / kBlock), kLanes * kBlock * bits / 8};
-  const mx::Shape sshape{static_cast<int>(tiles), static_cast<int>(k / group_size), kLanes};
-  if (packed.dtype() != mx::uint8 || packed.shape() != pshape)
-    fail(op, "the packed weight must be uint8 [ceil(N / 16), K / 32, 16 * 32 * bits / 8]: pack it with pack_weights");
-  if (scales.shape() != sshape || biases.shape() != sshape)
-    fail(op, "scales and biases must be [ceil(N / 16), K / group_size, 16]: pack them with pack_weights");
-  auto prep = [&](const mx::array& a) {
-    const bool ok = a.dtype() == mx::float32 || a.dtype() == mx::float16;
-    return ok ? a : mx::astype(a, mx::float32, s);
-  };
-  mx::array sc = prep(scales), bi = prep(biases);
-  if (sc.dtype() != bi.dtype()) bi = mx::astype(bi, sc.dtype(), s);
-  return {contiguous_weight(sc, s), contiguous_weight(bi, s)};
-}
 
 }  // namespace
 
-mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales, const mx::array& biases,
-                  int n, int group_size, int bits, const std::optional<mx::array>& norm_weight, float eps,
+mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales,
+                  const std::optional<mx::array>& biases, int n, int group_size, int bits, int scheme, int zero,
+                  const std::optional<mx::array>& sub, const std::optional<mx::array>& norm_weight, float eps,
                   const std::optional<mx::array>& residual, bool gate, mx::StreamOrDevice s) {
   const std::string op = "qmatmul";
   check_float(op, x);
   if (x.ndim() < 1) fail(op, "x must have at least one dimension");
   if (gate && (x.shape(-1) % 2 || norm_weight)) fail(op, "gate takes x as [gate, up] halves, without a norm");
   const int64_t K = x.shape(-1) / (gate ? 2 : 1);
-  auto [sc, bi] = check_packed(op, packed, scales, biases, n, K, group_size, bits, s);
+  const Layout layout{bits, group_size, scheme, zero};
+  auto weight = check_packed(op, packed, scales, biases, sub, n, K, layout, s);
   auto shape = x.shape();
   shape.back() = n;
-  std::vector<mx::array> inputs{as_f32(x, s), contiguous_weight(packed, s), sc, bi};
+  std::vector<mx::array> inputs{as_f32(x, s)};
+  inputs.insert(inputs.end(), weight.begin(), weight.end());
   if (norm_weight) {
     if (norm_weight->ndim() != 1 || norm_weight->shape(0) != K) fail(op, "norm_weight must be [K]");
     inputs.push_back(as_f32(*norm_weight, s));
@@ -180,23 +156,26 @@ mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& 
     inputs.push_back(as_f32(*residual, s));
   }
   auto out = mx::array(shape, mx::float32,
-                       std::make_shared<QMatmul>(mx::to_stream(s), n, group_size, bits, norm_weight.has_value(), eps,
+                       std::make_shared<QMatmul>(mx::to_stream(s), n, layout, norm_weight.has_value(), eps,
                                                  residual.has_value(), gate),
                        std::move(inputs));
   return back_to(out, x.dtype(), s);
 }
 
-mx::array qgather(const mx::array& ids, const mx::array& packed, const mx::array& scales, const mx::array& biases,
-                  int n, int k, int group_size, int bits, mx::StreamOrDevice s) {
+mx::array qgather(const mx::array& ids, const mx::array& packed, const mx::array& scales,
+                  const std::optional<mx::array>& biases, int n, int k, int group_size, int bits, int scheme,
+                  int zero, const std::optional<mx::array>& sub, mx::StreamOrDevice s) {
   const std::string op = "qgather";
   if (!mx::issubdtype(ids.dtype(), mx::integer)) fail(op, "ids must be integers");
-  auto [sc, bi] = check_packed(op, packed, scales, biases, n, k, group_size, bits, s);
+  const Layout layout{bits, group_size, scheme, zero};
+  auto weight = check_packed(op, packed, scales, biases, sub, n, k, layout, s);
   // Out-of-range ids are clipped, as MLX's take does for an embedding.
   auto idx = mx::clip(mx::astype(ids, mx::int32, s), mx::array(0), mx::array(n - 1), s);
   auto shape = ids.shape();
   shape.push_back(k);
-  return mx::array(shape, mx::float32, std::make_shared<QGather>(mx::to_stream(s), group_size, bits),
-                   {idx, contiguous_weight(packed, s), sc, bi});
+  std::vector<mx::array> inputs{idx};
+  inputs.insert(inputs.end(), weight.begin(), weight.end());
+  return mx::array(shape, mx::float32, std::make_shared<QGather>(mx::to_stream(s), layout), std::move(inputs));
 }
 
 }  // namespace mlxnb
