@@ -28,11 +28,17 @@ class Packed(nn.Module):
             if parts.get(name) is not None:
                 setattr(self, name, parts[name])
         self.bits, self.group_size, self.scheme, self.zero, self.ggml_type = bits, group_size, scheme, zero, ggml_type
+        self.digits = 1  # the activations' int8 digits in its matmuls (kernels.precision sets it per model)
 
     def weight_args(self) -> dict:
         """The keyword arguments qmatmul and qgather take for this weight (beyond x, n and k)."""
         return dict(group_size=self.group_size, bits=self.bits, scheme=self.scheme, zero=self.zero,
                     sub=self.get("sub"))
+
+    @property
+    def weights(self) -> int:
+        """How many weights it holds."""
+        raise NotImplementedError
 
     def _format(self) -> str:
         return self.ggml_type or f"bits={self.bits}, group_size={self.group_size}"
@@ -103,9 +109,14 @@ class QLinear(Packed):
         # self[...] reads the parameter dict directly: this runs ~120 times a decode step
         y = native().qmatmul(x, self["packed"], self["scales"], self.get("biases"), n=self.output_dims,
                              group_size=self.group_size, bits=self.bits, scheme=self.scheme, zero=self.zero,
-                             sub=self.get("sub"), norm_weight=None if norm is None else norm["weight"],
+                             sub=self.get("sub"), digits=self.digits,
+                             norm_weight=None if norm is None else norm["weight"],
                              eps=0.0 if norm is None else norm.eps, residual=residual, gate=gate)
         return y if bias is None else y + bias
+
+    @property
+    def weights(self) -> int:
+        return self.input_dims * self.output_dims
 
     def _extra_repr(self) -> str:
         return f"{self.input_dims}, {self.output_dims}, {self._format()}"
@@ -150,11 +161,16 @@ class QSwitchLinear(Packed):
         xs = mx.broadcast_to(x, (*batch, rows, k)).reshape(-1, k)
         experts = mx.broadcast_to(mx.expand_dims(indices, -1), (*batch, rows)).reshape(-1)
         y = native().qmatmul_experts(xs, experts, self["packed"], self["scales"], self.get("biases"),
-                                     n=self.output_dims, num_experts=self.num_experts, **self.weight_args())
+                                     n=self.output_dims, num_experts=self.num_experts, digits=self.digits,
+                                     **self.weight_args())
         y = y.reshape(*batch, rows, self.output_dims)
         if "bias" in self:
             y = y + mx.expand_dims(self["bias"][indices], -2)
         return y
+
+    @property
+    def weights(self) -> int:
+        return self.num_experts * self.input_dims * self.output_dims
 
     def _extra_repr(self) -> str:
         return f"{self.input_dims}, {self.output_dims}, experts={self.num_experts}, {self._format()}"
@@ -209,7 +225,11 @@ class QEmbedding(Packed):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return native().qmatmul(x, self.packed, self.scales, self.get("biases"), n=self.num_embeddings,
-                                **self.weight_args())
+                                digits=self.digits, **self.weight_args())
+
+    @property
+    def weights(self) -> int:
+        return self.num_embeddings * self.dims
 
     def _extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.dims}, {self._format()}"

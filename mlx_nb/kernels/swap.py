@@ -117,6 +117,18 @@ def _fused_swiglu(m: nn.Module) -> Optional[SwiGLU]:
     return fused if err < 1e-3 else None  # the same projections: only the activation kernel differs
 
 
+def _rope_with_freqs(m: nn.Module) -> Optional[RoPE]:
+    """Our RoPE for a module that is mx.fast.rope with its own frequency table (mlx_lm's Llama3RoPE:
+    Llama 3.1+'s scaling), if it computes the same at a few offsets."""
+    fused = RoPE(m.dims, m.traditional, None, 1.0, freqs=m["_freqs"])
+    x = mx.random.normal((2, 3, 5, m.dims), key=mx.random.key(2))
+    for offset in (0, 7, mx.array([3, 300])):
+        want, got = m(x, offset=offset), fused(x, offset=offset)
+        if float(mx.abs(want - got).max()) > 1e-4 * (float(mx.abs(want).max()) + 1e-6):
+            return None
+    return fused
+
+
 def _concat_linears(parts: list) -> Optional[nn.Module]:
     """One projection computing `parts` side by side (all packed alike, or all float), or None."""
     kinds = {_linear_parts(p)[0] for p in parts}
@@ -136,12 +148,21 @@ def _concat_linears(parts: list) -> Optional[nn.Module]:
     return None
 
 
+def _output_dims(m: nn.Module) -> Optional[int]:
+    if isinstance(m, QLinear):
+        return m.output_dims
+    return m.weight.shape[0] if isinstance(m, nn.Linear) and "weight" in m else None
+
+
 def _fused_attention(m: nn.Module) -> Optional[Attention]:
     """An Attention for a llama-family attention module, if it computes the same thing."""
     if set(m.keys()) != {"q_proj", "k_proj", "v_proj", "o_proj", "rope"} or not isinstance(m["rope"], RoPE):
         return None
     heads, kv_heads = getattr(m, "n_heads", None), getattr(m, "n_kv_heads", None)
     head_dim, scale = getattr(m, "head_dim", None), getattr(m, "scale", None)
+    if head_dim is None and isinstance(heads, int) and heads:  # qwen2's keeps it in a local: the q outputs tell
+        q_out = _output_dims(m["q_proj"])
+        head_dim = q_out // heads if q_out and q_out % heads == 0 else None
     if not all(isinstance(v, int) for v in (heads, kv_heads, head_dim)) or not isinstance(scale, float):
         return None
     qkv = _concat_linears([m["q_proj"], m["k_proj"], m["v_proj"]])
@@ -247,6 +268,8 @@ def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model:
         if type(m) is nn.RoPE:
             done["rope"] += 1
             return RoPE(m.dims, m.traditional, m.base, m.scale)
+        if type(m).__name__ == "Llama3RoPE" and isinstance(m.get("_freqs"), mx.array):
+            return checked(m, _rope_with_freqs(m), "rope", "rope kept (not mx.fast.rope with frequencies)")
         if "gate_proj" in m and "down_proj" in m:
             return checked(m, _fused_swiglu(m), "swiglu mlp", "mlp kept (not a plain SwiGLU)")
         return None
@@ -267,4 +290,6 @@ def swap_model(model: nn.Module, quantize: Optional[int] = None, language_model:
 
     _replace_children(model, block)
     mx.eval(model.parameters())
-    return {"swapped": dict(done), "kept": dict(left)}
+    from mlx_nb.kernels.precision import set_activation_digits
+
+    return {"swapped": dict(done), "kept": dict(left), "activations": set_activation_digits(model)}

@@ -53,9 +53,10 @@ def kernels_line(status: dict) -> Optional[str]:
         return None
     if info.get("path") != "native":
         return f"not in use: {info.get('reason')}; MLX's own ops run"
-    swapped = (status.get("kernels") or {}).get("swapped") or {}
-    on = ", ".join(f"{n} {kind}" for kind, n in swapped.items())
-    return f"{info['isa']}, {info['threads']} threads" + (f": {on}" if on else "")
+    kernels = status.get("kernels") or {}
+    on = ", ".join(f"{n} {kind}" for kind, n in (kernels.get("swapped") or {}).items())
+    acts = f", {kernels['activations']} activations" if kernels.get("activations") else ""
+    return f"{info['isa']}, {info['threads']} threads{acts}" + (f": {on}" if on else "")
 
 
 def weights_line(weights: Optional[dict]) -> Optional[str]:

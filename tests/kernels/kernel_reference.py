@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-FINE = 254  # the second int8 digit of an activation (kernels/csrc/isa.h)
-
-
 def unpack_q(w: np.ndarray, bits: int) -> np.ndarray:
     b = np.ascontiguousarray(w).view(np.uint8)
     if bits == 8:
@@ -21,23 +18,37 @@ def dequantized(w, scales, biases, group_size: int, bits: int) -> np.ndarray:
     return q * s + b
 
 
-def activation_digits(x: np.ndarray):
-    """The kernels' two-digit int8 quantization of x [M, K] in blocks of 32, done in float32 as the
-    kernels do: (values 254 * hi + lo as int64 [M, K/32, 32], scale d float32 [M, K/32])."""
+FINE = 254  # the second int8 digit's scale (kernels/csrc/isa.h)
+
+
+def activations(x: np.ndarray, digits: int = 1):
+    """The kernels' quantization of x [M, K] in blocks of 32 to one or two int8 digits, done in
+    float32 as the kernels do: (q as int64 [M, K/32, 32] (254 * hi + lo with two), scale d float32
+    [M, K/32])."""
     m, k = x.shape
     xb = x.reshape(m, k // 32, 32).astype(np.float32)
     amax = np.abs(xb).max(-1, keepdims=True)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     v = (xb * inv).astype(np.float32)
     hi = np.rint(v)
+    if digits == 1:
+        return hi.astype(np.int64), (amax[..., 0] / np.float32(127)).astype(np.float32)
     lo = np.rint(((v - hi).astype(np.float32) * np.float32(FINE)).astype(np.float32))
     d = (amax[..., 0] / np.float32(127 * FINE)).astype(np.float32)
     return FINE * hi.astype(np.int64) + lo.astype(np.int64), d
 
 
-def qmatmul(x: np.ndarray, w, scales, biases, group_size: int, bits: int) -> np.ndarray:
-    """x @ W.T with x as its two-digit quantization, in float64."""
-    q, d = activation_digits(x)
+def as_quantized(x: np.ndarray, digits: int = 1) -> np.ndarray:
+    """x as the kernels read it (d * q), in float64 [M, K]: with any weight W, x_q @ W.T is what a
+    kernel computes, up to its float32 sums."""
+    q, d = activations(x, digits)
+    return (q * d[..., None].astype(np.float64)).reshape(x.shape)
+
+
+def qmatmul(x: np.ndarray, w, scales, biases, group_size: int, bits: int, digits: int = 1) -> np.ndarray:
+    """x @ W.T with x as its int8 quantization, in float64, summed as the kernels sum (per block,
+    the bias term from the block's quantized sum)."""
+    q, d = activations(x, digits)
     m, nb, _ = q.shape
     wq = unpack_q(np.asarray(w), bits).reshape(-1, nb, 32)
     s = np.repeat(np.asarray(scales, np.float64), group_size // 32, axis=1)

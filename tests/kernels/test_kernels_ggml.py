@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import kernel_reference as ref
 from ggml_blocks import QUANT_TYPES, block_weights, dequantize, random_blocks
 from mlx_nb.kernels.layers import QEmbedding, QLinear, QSwitchLinear
 from mlx_nb.kernels.packing import pack_ggml
@@ -20,23 +21,27 @@ def _cases():
         k = block_weights(kind) * int(rng.integers(1, 4 if block_weights(kind) == 256 else 9))
         n = int(rng.choice([1, 5, 16, 17, 40, 77, 130]))
         rows = int(rng.choice([1, 2, 3, 4, 5, 7, 9, 16, 33, 64]))
-        yield pytest.param(kind, n, k, rows, i, id=f"{kind}-{n}x{k}-m{rows}")
+        digits = 1 + (i // len(QUANT_TYPES)) % 2
+        yield pytest.param(kind, n, k, rows, digits, i, id=f"{kind}-{n}x{k}-m{rows}-d{digits}")
 
 
-@pytest.mark.parametrize("kind,n,k,rows,seed", list(_cases()))
-def test_block_type_matches_gguf_dequantize_in_float64(isa, kind, n, k, rows, seed):
+@pytest.mark.parametrize("kind,n,k,rows,digits,seed", list(_cases()))
+def test_block_type_matches_gguf_dequantize_in_float64(isa, kind, n, k, rows, digits, seed):
     rng = np.random.default_rng(seed)
     raw = random_blocks(kind, (n, k), rng)
     w = dequantize(kind, raw, (n, k)).astype(np.float64)
     layer = QLinear.from_ggml(raw, kind, k)
+    layer.digits = digits
     held = sum(v.nbytes for name, v in layer.items() if isinstance(v, mx.array))
     padded = -(-n // 16) * 16  # outputs are packed in tiles of 16
     assert layer.ggml_type == kind and held <= 1.03 * raw.nbytes * padded / n  # the file's size: Q4_K's +2.8% the most
     x = (rng.standard_normal((rows, k)) * rng.uniform(0.1, 10)).astype(np.float32)
     x[0, :7] = 0.0  # a block with zeros
     got = np.asarray(layer(mx.array(x)), np.float64)
-    want = x.astype(np.float64) @ w.T
-    assert np.abs(got - want).max() / (np.abs(want).max() + 1e-30) < 2e-4  # two int8 digits keep ~15 bits of x
+    want = ref.as_quantized(x, digits) @ w.T  # the file's weights, x as the kernels read it (int8 blocks)
+    assert np.abs(got - want).max() / (np.abs(want).max() + 1e-30) < 2e-6  # the same sums, in float32
+    exact = x.astype(np.float64) @ w.T
+    assert np.abs(got - exact).max() / (np.abs(exact).max() + 1e-30) < (2e-2 if digits == 1 else 2e-4)
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)
@@ -50,11 +55,13 @@ def test_embedding_rows_are_gguf_dequantize(isa, kind):
     np.testing.assert_allclose(got, dequantize(kind, raw, (37, k))[ids], rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("digits", [1, 2])
 @pytest.mark.parametrize("kind", QUANT_TYPES)
-def test_row_alone_equals_row_in_batches(isa, kind):
+def test_row_alone_equals_row_in_batches(isa, kind, digits):
     rng = np.random.default_rng(3)
     k = 512
     layer = QLinear.from_ggml(random_blocks(kind, (70, k), rng), kind, k)
+    layer.digits = digits
     x = mx.array(rng.standard_normal((64, k)).astype(np.float32))
     alone = np.concatenate([np.asarray(layer(x[i:i + 1])) for i in range(64)])
     for size in (2, 3, 4, 5, 8, 17, 32, 64):
@@ -62,8 +69,8 @@ def test_row_alone_equals_row_in_batches(isa, kind):
     assert np.array_equal(np.asarray(layer(x[9:30])), alone[9:30])
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
-def test_experts_matmul_reads_each_rows_expert(isa, kind):
+@pytest.mark.parametrize("kind,digits", [("Q4_K", 1), ("Q6_K", 2), ("Q8_0", 1), ("Q5_0", 2)])
+def test_experts_matmul_reads_each_rows_expert(isa, kind, digits):
     """Each row through its own expert: bit for bit the dense kernel on that expert alone, whatever
     the other rows chose; and the float64 product."""
     rng = np.random.default_rng(8)
@@ -71,6 +78,8 @@ def test_experts_matmul_reads_each_rows_expert(isa, kind):
     raw = random_blocks(kind, (experts, n, k), rng)
     layer = QSwitchLinear.from_ggml(raw, kind, k)
     dense = [QLinear.from_ggml(raw[e], kind, k) for e in range(experts)]
+    for m in [layer, *dense]:
+        m.digits = digits
     w = dequantize(kind, raw, (experts, n, k)).astype(np.float64)
     for rows in (1, 3, 17, 40):
         x = rng.standard_normal((rows, k)).astype(np.float32)
@@ -78,8 +87,8 @@ def test_experts_matmul_reads_each_rows_expert(isa, kind):
         got = np.asarray(layer(mx.array(x)[:, None, :], mx.array(chosen)))[:, 0, :]
         for r in range(rows):
             assert np.array_equal(got[r], np.asarray(dense[chosen[r]](mx.array(x[r:r + 1])))[0])
-        want = np.einsum("rk,rnk->rn", x.astype(np.float64), w[chosen])
-        assert np.abs(got - want).max() / np.abs(want).max() < 2e-4
+        want = np.einsum("rk,rnk->rn", ref.as_quantized(x, digits), w[chosen])
+        assert np.abs(got - want).max() / np.abs(want).max() < 2e-6
 
 
 def test_experts_matmul_broadcasts_as_mlx_lm_gather_does(native):
@@ -92,8 +101,9 @@ def test_experts_matmul_broadcasts_as_mlx_lm_gather_does(native):
     y = layer(x, idx)
     assert y.shape == (2, 3, 2, 1, 32)
     w = dequantize("Q4_K", raw, (4, 32, 256)).astype(np.float64)
-    want = np.einsum("blk,blenk->blen", np.asarray(x)[:, :, 0, 0].astype(np.float64), w[np.asarray(idx)])
-    assert np.abs(np.asarray(y)[:, :, :, 0] - want).max() / np.abs(want).max() < 2e-4
+    xq = ref.as_quantized(np.asarray(x).reshape(-1, 256)).reshape(2, 3, 256)
+    want = np.einsum("blk,blenk->blen", xq, w[np.asarray(idx)])
+    assert np.abs(np.asarray(y)[:, :, :, 0] - want).max() / np.abs(want).max() < 2e-6
 
 
 @pytest.mark.parametrize("bits", [5, 6])
@@ -105,8 +115,8 @@ def test_mlx_affine_5_and_6_bit_weights(isa, bits):
         layer = QLinear.from_parts(q, s, b, group_size, bits)
         exact = np.asarray(mx.dequantize(q, s, b, group_size=group_size, bits=bits), np.float64)
         x = rng.standard_normal((6, 256)).astype(np.float32)
-        got, want = np.asarray(layer(mx.array(x)), np.float64), x.astype(np.float64) @ exact.T
-        assert np.abs(got - want).max() / np.abs(want).max() < 2e-4
+        got, want = np.asarray(layer(mx.array(x)), np.float64), ref.as_quantized(x) @ exact.T
+        assert np.abs(got - want).max() / np.abs(want).max() < 2e-6
 
 
 def test_bad_blocks_get_one_line_errors(native):

@@ -46,7 +46,7 @@ def test_default_model_agrees_with_float32(smollm2, smollm2_float32):
     text = "The capital of France is Paris. The capital of Italy is Rome. Water boils at one hundred degrees."
     ids = mx.array(tok.encode(text))[None]
     a, b = smollm2.model(ids), smollm2_float32.model(ids)
-    assert float(mx.abs(a - b).max() / mx.abs(b).max()) < 0.02
+    assert float(mx.abs(a - b).max() / mx.abs(b).max()) < 0.02  # two activation digits (kernels.precision)
     assert float((mx.argmax(a, -1) == mx.argmax(b, -1)).mean()) >= 0.95
     assert _bytes(smollm2_float32.model) > 500e6
 
@@ -104,3 +104,23 @@ def test_unsupported_quantization_is_dequantized(tmp_path):
     assert type(holder.proj) is nn.Linear and holder.proj.weight.dtype == mx.float32
     x = mx.array(np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32))
     assert float(mx.abs(holder.proj(x) - q3(x)).max()) < 1e-4
+
+
+def test_activation_digits_follow_the_model_size_and_the_setting(smollm2, monkeypatch):
+    """Small models keep two int8 digits of each activation (their greedy choices are fragile),
+    large ones one (llama.cpp's); MLX_NB_ACTIVATIONS overrides; every packed weight agrees."""
+    from mlx_nb.kernels import precision
+
+    assert smollm2.kernels["activations"] == "int16 (two int8 digits)"
+    assert {m.digits for _, m in smollm2.model.named_modules() if isinstance(m, layers.Packed)} == {2}
+    assert precision.digits_for(135_000_000) == 2 and precision.digits_for(1_200_000_000) == 1
+    monkeypatch.setenv("MLX_NB_ACTIVATIONS", "int8")
+    assert precision.set_activation_digits(smollm2.model) == "int8"
+    assert {m.digits for _, m in smollm2.model.named_modules() if isinstance(m, layers.Packed)} == {1}
+    monkeypatch.setenv("MLX_NB_ACTIVATIONS", "int16")
+    assert precision.digits_for(3_000_000_000) == 2
+    monkeypatch.setenv("MLX_NB_ACTIVATIONS", "fast")
+    with pytest.raises(ValueError, match="int8, int16 or auto"):
+        precision.digits_for(1)
+    monkeypatch.delenv("MLX_NB_ACTIVATIONS")
+    precision.set_activation_digits(smollm2.model)  # as loaded, for the tests after this one

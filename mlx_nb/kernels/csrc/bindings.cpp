@@ -17,7 +17,8 @@ using namespace nb::literals;
 NB_MODULE(_native, m) {
   m.doc() = "mlx-nb's CPU kernels as MLX operations";
   m.def("qmatmul", &mlxnb::qmatmul, "x"_a, "packed"_a, "scales"_a, "biases"_a.none(), nb::kw_only(), "n"_a,
-        "group_size"_a, "bits"_a, "scheme"_a = 0, "zero"_a = 0, "sub"_a = nb::none(), "norm_weight"_a = nb::none(),
+        "group_size"_a, "bits"_a, "scheme"_a = 0, "zero"_a = 0, "sub"_a = nb::none(), "digits"_a = 1,
+        "norm_weight"_a = nb::none(),
         "eps"_a = 0.0f, "residual"_a = nb::none(), "gate"_a = false, "stream"_a = nb::none(),
         "x @ W.T for a packed 4/5/6/8-bit weight, int8 activation blocks; optionally RMSNorm(x) or a SiLU "
         "gate of x's halves first, and a residual added.");
@@ -26,7 +27,7 @@ NB_MODULE(_native, m) {
         "Rows of a packed weight, dequantized.");
   m.def("qmatmul_experts", &mlxnb::qmatmul_experts, "x"_a, "experts"_a, "packed"_a, "scales"_a, "biases"_a.none(),
         nb::kw_only(), "n"_a, "num_experts"_a, "group_size"_a, "bits"_a, "scheme"_a = 0, "zero"_a = 0,
-        "sub"_a = nb::none(), "stream"_a = nb::none(),
+        "sub"_a = nb::none(), "digits"_a = 1, "stream"_a = nb::none(),
         "x [rows, K] through each row's expert's packed weight (experts stacked along the tiles).");
   m.def("pack_ggml", &mlxnb::pack_ggml, "raw"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
         "GGUF blocks [rows, bytes] of a ggml type -> [packed, scales, biases, sub] for qmatmul.");

@@ -10,19 +10,23 @@ namespace mlxnb {
 constexpr int kBlock = 32;  // activation block: one int8 scale per 32 values (GGUF's Q8 block)
 constexpr int kLanes = 16;  // outputs interleaved in a packed weight (one 512-bit vector of int32 sums)
 
-constexpr int kFine = 254;  // the second int8 digit of an activation (see QActs)
+// Activations of one matmul, quantized row by row in blocks of 32 (see quantize_rows) to one or two
+// int8 digits, as the weight's `digits` asks:
+//   1: x ~ d * hi, hi = round(x * 127 / amax): llama.cpp's Q8 blocks, what it computes with;
+//   2: x ~ d * (254 * hi + lo), lo = round((x * 127 / amax - hi) * 254): ~15 bits of x, for small
+//      models, whose greedy choices one digit flips (SmolLM2-135M stops answering "Paris", as it
+//      does under llama.cpp), at twice the dot products.
+constexpr int kFine = 254;
 
-// Activations of one matmul, quantized row by row in blocks of 32 (see quantize_rows) to two int8
-// digits: x ~ d * (254 * hi + lo), hi = round(x * 127 / amax), lo = round((x * 127 / amax - hi) * 254).
-// One digit (llama.cpp's Q8 blocks) flips near-ties of small models' greedy choices; two keep ~15
-// bits, and cost a second dot product only where the matmul is compute-bound.
 struct QActs {
-  const int8_t* q;   // [M][K/32][64]: a block's 32 hi digits, then its 32 lo digits
-  const float* d;    // [M][K/32] block scale (amax / 127 / 254)
-  const float* sum;  // [M][K/32] d * sum(254 * hi + lo): the block's sum as quantized, so the bias
-                     // term's rounding matches the scale term's and their errors cancel as in w . x
+  const int8_t* q;   // [M][K/32][32 * digits]: a block's 32 hi digits, then its 32 lo digits
+  const float* d;    // [M][K/32] block scale (amax / 127, / 254 more with two digits)
+  const float* sum;  // [M][K/32] d * the block's digits summed (254 * hi + lo): the block's sum as
+                     // quantized, so the bias term's rounding matches the scale term's and their
+                     // errors cancel as in w . x
   const float* half; // [M][K/32][2] the same for the block's first and last 16 values (Q6_K's
                      // scales cover 16 weights)
+  int digits;        // 1 or 2
 };
 
 // A quantized weight packed for the kernels: outputs in tiles of 16, and within a tile, for each
@@ -85,8 +89,9 @@ struct AttnRow {
 
 struct Isa {
   const char* name;
-  // x [rows][K] -> the QActs arrays for `rows` rows (K a multiple of 32; q holds 2 * K per row).
-  void (*quantize_rows)(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum, float* half);
+  // x [rows][K] -> the QActs arrays for `rows` rows (K a multiple of 32; q holds digits * K per row).
+  void (*quantize_rows)(const float* x, int64_t rows, int64_t K, int digits, int8_t* q, float* d, float* sum,
+                        float* half);
   // out[m][o] for every row m and every output o of tiles t0 <= t < t1.
   void (*qgemm)(const QGemm& g, int64_t t0, int64_t t1);
   void (*exp)(const float* x, float* y, int64_t n);

@@ -1,6 +1,8 @@
 // AVX2 + FMA kernels (compiled with -mavx2 -mfma -mf16c; chosen at run time when the CPU has them).
-// 4-bit weights: u8 x s8 products with maddubs (at most 15 * 127 * 2 per pair, no saturation);
-// 8-bit weights: widened to 16 bits and multiplied with madd, which is exact for 0..255 x -127..127.
+// 4/5/6-bit weights: u8 x s8 products with maddubs, summed in 16 bits only as deep as cannot
+// saturate; 8-bit weights by their two nibbles. A tile's 16 outputs are two 8-lane halves: for one
+// or two rows both halves are computed in one pass over the weights, so the computing overlaps
+// the weights streaming in from memory (one stream reads at ~90% of this machine's bandwidth).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -49,14 +51,16 @@ inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(zero_below, y);
 }
 
-void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum, float* half) {
+void quantize_rows(const float* x, int64_t rows, int64_t K, int digits, int8_t* q, float* d, float* sum,
+                   float* half) {
   const int64_t nb = K / kBlock;
   const __m256 sign = _mm256_set1_ps(-0.0f), fine = _mm256_set1_ps(static_cast<float>(kFine));
-  alignas(32) int32_t hv[kBlock], lv[kBlock];
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * kBlock;
       const int64_t i = r * nb + b;
+      int8_t* qb = q + i * kBlock * digits;
       __m256 xs[4];
       __m256 m = _mm256_setzero_ps();
       for (int j = 0; j < 4; ++j) {
@@ -65,24 +69,34 @@ void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d,
       }
       const float amax = hmax(m);
       const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      __m256i hi[4], lo[4];
       for (int j = 0; j < 4; ++j) {
         const __m256 v = _mm256_mul_ps(xs[j], id);
-        const __m256i h = _mm256_cvtps_epi32(v);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(hv + 8 * j), h);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lv + 8 * j),
-                           _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(v, _mm256_cvtepi32_ps(h)), fine)));
+        hi[j] = _mm256_cvtps_epi32(v);
+        if (digits == 2) lo[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(v, _mm256_cvtepi32_ps(hi[j])), fine));
       }
-      int8_t* qb = q + i * 2 * kBlock;
-      int32_t qs[2] = {0, 0};
-      for (int j = 0; j < kBlock; ++j) {
-        qb[j] = static_cast<int8_t>(hv[j]);
-        qb[kBlock + j] = static_cast<int8_t>(lv[j]);
-        qs[j / 16] += kFine * hv[j] + lv[j];
+      // int32 -> int8 in order: pack to 16 bits, then 8, then undo the per-128-bit-lane interleave
+      auto store8 = [&](const __m256i* v, int8_t* dst) {
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permutevar8x32_epi32(p, order));
+      };
+      store8(hi, qb);
+      __m256i sa = _mm256_add_epi32(hi[0], hi[1]), sb = _mm256_add_epi32(hi[2], hi[3]);
+      if (digits == 2) {
+        store8(lo, qb + kBlock);
+        const __m256i kf = _mm256_set1_epi32(kFine);
+        sa = _mm256_add_epi32(_mm256_mullo_epi32(sa, kf), _mm256_add_epi32(lo[0], lo[1]));
+        sb = _mm256_add_epi32(_mm256_mullo_epi32(sb, kf), _mm256_add_epi32(lo[2], lo[3]));
       }
-      d[i] = amax / (127.0f * kFine);
-      sum[i] = d[i] * static_cast<float>(qs[0] + qs[1]);
-      half[2 * i] = d[i] * static_cast<float>(qs[0]);
-      half[2 * i + 1] = d[i] * static_cast<float>(qs[1]);
+      alignas(32) int32_t t[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(t), sa);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(t + 8), sb);
+      int32_t s0 = 0, s1 = 0;
+      for (int j = 0; j < 8; ++j) s0 += t[j], s1 += t[8 + j];
+      d[i] = amax / (digits == 2 ? 127.0f * kFine : 127.0f);
+      sum[i] = d[i] * static_cast<float>(s0 + s1);
+      half[2 * i] = d[i] * static_cast<float>(s0);
+      half[2 * i + 1] = d[i] * static_cast<float>(s1);
     }
   }
 }
@@ -146,14 +160,33 @@ inline void unpack(const uint8_t* wb, int h, __m256i w[8]) {
   }
 }
 
-// The int32 dot products of one block for outputs 8h .. 8h + 7, for the digits at xb: of inputs
-// 0-15 and of 16-31 (for 8 bits: of all 32, and zero). 16-bit partial sums stay exact: a 4-bit
-// weight (or a nibble of an 8-bit one) times 127, 8 pairs deep, is at most 30,480; a 6-bit one
-// 4 pairs deep, 32,004.
+// The int32 dot products of one block for outputs 8h .. 8h + 7 with the activations at xb: of
+// inputs 0-15 in out[0] and 16-31 in out[1] (4- and 8-bit: all 32 in out[0], out[1] zero; only
+// Q6_K needs the halves apart). maddubs' 16-bit sums stay exact: a 4-bit weight (or a nibble of an
+// 8-bit one) times 127, 8 products deep, is at most 30,480; 5-bit 4 deep 31,496; 6-bit 2 deep 32,004.
 template <int BITS>
 inline void block_dot(const uint8_t* wb, int h, const __m256i w[8], const int8_t* xb, __m256i out[2]) {
-  const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  if constexpr (BITS == 8) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto mul = [&](int j) { return _mm256_maddubs_epi16(w[j], bcast4(xb + 4 * j)); };
+  if constexpr (BITS == 4) {
+    __m256i acc = mul(0);
+    for (int j = 1; j < 8; ++j) acc = _mm256_add_epi16(acc, mul(j));
+    out[0] = _mm256_madd_epi16(acc, ones);
+    out[1] = _mm256_setzero_si256();
+  } else if constexpr (BITS == 5) {
+    for (int half = 0; half < 2; ++half) {
+      const int j = 4 * half;
+      const __m256i a = _mm256_add_epi16(_mm256_add_epi16(mul(j), mul(j + 1)), _mm256_add_epi16(mul(j + 2), mul(j + 3)));
+      out[half] = _mm256_madd_epi16(a, ones);
+    }
+  } else if constexpr (BITS == 6) {
+    for (int half = 0; half < 2; ++half) {
+      const int j = 4 * half;
+      out[half] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(mul(j), mul(j + 1)), ones),
+                                   _mm256_madd_epi16(_mm256_add_epi16(mul(j + 2), mul(j + 3)), ones));
+    }
+  } else {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + j * 64 + h * 32));
@@ -163,21 +196,7 @@ inline void block_dot(const uint8_t* wb, int h, const __m256i w[8], const int8_t
     }
     out[0] = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_slli_epi32(_mm256_madd_epi16(hi, ones), 4));
     out[1] = _mm256_setzero_si256();
-  } else {
-    for (int half = 0; half < 2; ++half) {
-      __m256i s[2];
-      for (int p = 0; p < 2; ++p) {
-        const int j = 4 * half + 2 * p;
-        s[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[j], bcast4(xb + 4 * j)),
-                                                  _mm256_maddubs_epi16(w[j + 1], bcast4(xb + 4 * j + 4))), ones);
-      }
-      out[half] = _mm256_add_epi32(s[0], s[1]);
-    }
   }
-}
-
-inline __m256 digits(__m256i hi, __m256i lo) {  // 254 * hi + lo, exact in 32 bits
-  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), _mm256_slli_epi32(hi, 1)), lo));
 }
 
 // The scales of outputs 8h .. 8h + 7 of tile t for input block b: s0 for inputs 0-15, s1 for 16-31
@@ -209,76 +228,99 @@ inline void block_scales(const QGemm& g, int64_t t, int64_t b, int h, __m256& s0
   }
 }
 
-// Rows m0 .. m0 + RT of outputs 8h .. 8h + 7 of tile t into out[RT][8]: a block's weights are
-// unpacked once for the RT rows. Each row's arithmetic is the same whatever RT is.
-template <int BITS, int SCHEME, bool HALF, int RT>
-inline void tile(const QGemm& g, int64_t t, int64_t m0, int h, float* out) {
+constexpr int64_t kAhead = 8;  // blocks prefetched ahead of the one computed
+
+// Rows m0 .. m0 + RT of tile t into out[RT][16]: outputs 8h .. 8h + 7 for the NH halves from h0.
+// With both halves in one pass (a few rows) the weights stream while they are computed on; with
+// many rows, one half a pass keeps the accumulators in registers. A block's weights are unpacked
+// once for the RT rows, and each row's arithmetic is the same whatever RT and NH are.
+template <int BITS, int SCHEME, bool HALF, int DIGITS, int RT, int NH>
+inline void tile(const QGemm& g, int64_t t, int64_t m0, int h0, float* out) {
   const int64_t nb = g.K / kBlock;
   constexpr int64_t BB = kLanes * kBlock * BITS / 8;
   const uint8_t* wt = g.w.q + t * nb * BB;
-  __m256 acc[RT];
-  for (int r = 0; r < RT; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[RT][NH];
+  for (int r = 0; r < RT; ++r)
+    for (int k = 0; k < NH; ++k) acc[r][k] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m256 s0, b0, s1 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-    block_scales<SCHEME, HALF>(g, t, b, h, s0, b0, s1, b1);
-    __m256i w[8];
-    if constexpr (BITS != 8) unpack<BITS>(wt + b * BB, h, w);
-    for (int r = 0; r < RT; ++r) {
-      const int64_t i = (m0 + r) * nb + b;
-      const int8_t* xb = g.x.q + i * 2 * kBlock;
-      const __m256 dv = _mm256_set1_ps(g.x.d[i]);
-      __m256i hi[2], lo[2];
-      block_dot<BITS>(wt + b * BB, h, w, xb, hi);
-      block_dot<BITS>(wt + b * BB, h, w, xb + kBlock, lo);
-      if constexpr (SCHEME == kQ6K) {
-        acc[r] = _mm256_fmadd_ps(digits(hi[0], lo[0]), _mm256_mul_ps(s0, dv), acc[r]);
-        acc[r] = _mm256_fmadd_ps(digits(hi[1], lo[1]), _mm256_mul_ps(s1, dv), acc[r]);
-        acc[r] = _mm256_fmadd_ps(b0, _mm256_set1_ps(g.x.half[2 * i]), acc[r]);
-        acc[r] = _mm256_fmadd_ps(b1, _mm256_set1_ps(g.x.half[2 * i + 1]), acc[r]);
-      } else {
-        const __m256 dot = digits(_mm256_add_epi32(hi[0], hi[1]), _mm256_add_epi32(lo[0], lo[1]));
-        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s0, dv), acc[r]);
-        acc[r] = _mm256_fmadd_ps(b0, _mm256_set1_ps(g.x.sum[i]), acc[r]);
+    if (h0 == 0 && b + kAhead < nb)  // the weights stream from memory: ask for them early
+      for (int64_t l = 0; l < BB; l += 64) _mm_prefetch(reinterpret_cast<const char*>(wt + (b + kAhead) * BB + l), _MM_HINT_T0);
+    for (int k = 0; k < NH; ++k) {
+      const int h = h0 + k;
+      __m256 s0, b0, s1 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+      block_scales<SCHEME, HALF>(g, t, b, h, s0, b0, s1, b1);
+      __m256i w[8];
+      if constexpr (BITS != 8) unpack<BITS>(wt + b * BB, h, w);
+      for (int r = 0; r < RT; ++r) {
+        const int64_t i = (m0 + r) * nb + b;
+        const __m256 dv = _mm256_set1_ps(g.x.d[i]);
+        const int8_t* xb = g.x.q + i * kBlock * DIGITS;
+        __m256i dot[2];
+        block_dot<BITS>(wt + b * BB, h, w, xb, dot);
+        if constexpr (DIGITS == 2) {  // 254 * hi + lo, exact in 32 bits
+          __m256i lo[2];
+          block_dot<BITS>(wt + b * BB, h, w, xb + kBlock, lo);
+          for (int e = 0; e < 2; ++e)
+            dot[e] = _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(dot[e], 8), _mm256_slli_epi32(dot[e], 1)), lo[e]);
+        }
+        __m256& a = acc[r][k];
+        if constexpr (SCHEME == kQ6K) {
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[0]), _mm256_mul_ps(s0, dv), a);
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[1]), _mm256_mul_ps(s1, dv), a);
+          a = _mm256_fmadd_ps(b0, _mm256_set1_ps(g.x.half[2 * i]), a);
+          a = _mm256_fmadd_ps(b1, _mm256_set1_ps(g.x.half[2 * i + 1]), a);
+        } else {
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dot[0], dot[1])), _mm256_mul_ps(s0, dv), a);
+          a = _mm256_fmadd_ps(b0, _mm256_set1_ps(g.x.sum[i]), a);
+        }
       }
     }
   }
-  for (int r = 0; r < RT; ++r) _mm256_store_ps(out + 8 * r, acc[r]);
+  for (int r = 0; r < RT; ++r)
+    for (int k = 0; k < NH; ++k) _mm256_store_ps(out + 16 * r + 8 * (h0 + k), acc[r][k]);
 }
 
-template <int BITS, int SCHEME, bool HALF, int RT>
+template <int BITS, int SCHEME, bool HALF, int DIGITS, int RT>
 inline void rows(const QGemm& g, int64_t t, int64_t m0) {
-  alignas(32) float tmp[RT * 8];
-  const int64_t left = g.N - t * kLanes;
-  for (int h = 0; h < 2; ++h) {
-    const int64_t lanes = std::min<int64_t>(8, left - 8 * h);
-    if (lanes <= 0) break;
-    tile<BITS, SCHEME, HALF, RT>(g, t, m0, h, tmp);
-    for (int r = 0; r < RT; ++r) std::memcpy(g.out + (m0 + r) * g.N + t * kLanes + 8 * h, tmp + 8 * r, lanes * 4);
+  alignas(32) float tmp[RT * 16];
+  const int64_t lanes = std::min<int64_t>(kLanes, g.N - t * kLanes);
+  if constexpr (RT <= 2) {
+    tile<BITS, SCHEME, HALF, DIGITS, RT, 2>(g, t, m0, 0, tmp);
+  } else {
+    tile<BITS, SCHEME, HALF, DIGITS, RT, 1>(g, t, m0, 0, tmp);
+    if (lanes > 8) tile<BITS, SCHEME, HALF, DIGITS, RT, 1>(g, t, m0, 1, tmp);
   }
+  for (int r = 0; r < RT; ++r) std::memcpy(g.out + (m0 + r) * g.N + t * kLanes, tmp + 16 * r, lanes * 4);
 }
 
-template <int BITS, int SCHEME, bool HALF>
+template <int BITS, int SCHEME, bool HALF, int DIGITS>
 void qgemm_t(const QGemm& g, int64_t t0, int64_t t1) {
   constexpr int RT = 4;
   for (int64_t t = t0; t < t1; ++t) {
     int64_t m0 = 0;
-    for (; m0 + RT <= g.M; m0 += RT) rows<BITS, SCHEME, HALF, RT>(g, t, m0);
+    for (; m0 + RT <= g.M; m0 += RT) rows<BITS, SCHEME, HALF, DIGITS, RT>(g, t, m0);
     switch (g.M - m0) {
-      case 3: rows<BITS, SCHEME, HALF, 3>(g, t, m0); break;
-      case 2: rows<BITS, SCHEME, HALF, 2>(g, t, m0); break;
-      case 1: rows<BITS, SCHEME, HALF, 1>(g, t, m0); break;
+      case 3: rows<BITS, SCHEME, HALF, DIGITS, 3>(g, t, m0); break;
+      case 2: rows<BITS, SCHEME, HALF, DIGITS, 2>(g, t, m0); break;
+      case 1: rows<BITS, SCHEME, HALF, DIGITS, 1>(g, t, m0); break;
       default: break;
     }
   }
 }
 
+template <int BITS, int SCHEME, bool HALF>
+void qgemm_digits(const QGemm& g, int64_t t0, int64_t t1) {
+  g.x.digits == 2 ? qgemm_t<BITS, SCHEME, HALF, 2>(g, t0, t1) : qgemm_t<BITS, SCHEME, HALF, 1>(g, t0, t1);
+}
+
 template <int BITS>
 void qgemm_bits(const QGemm& g, int64_t t0, int64_t t1) {
   switch (g.w.scheme) {
-    case kSym: return qgemm_t<BITS, kSym, true>(g, t0, t1);
-    case kKQuant: return qgemm_t<BITS, kKQuant, true>(g, t0, t1);
-    case kQ6K: return qgemm_t<BITS, kQ6K, true>(g, t0, t1);
-    default: return g.w.half ? qgemm_t<BITS, kAffine, true>(g, t0, t1) : qgemm_t<BITS, kAffine, false>(g, t0, t1);
+    case kSym: return qgemm_digits<BITS, kSym, true>(g, t0, t1);
+    case kKQuant: return qgemm_digits<BITS, kKQuant, true>(g, t0, t1);
+    case kQ6K: return qgemm_digits<BITS, kQ6K, true>(g, t0, t1);
+    default:
+      return g.w.half ? qgemm_digits<BITS, kAffine, true>(g, t0, t1) : qgemm_digits<BITS, kAffine, false>(g, t0, t1);
   }
 }
 

@@ -1,6 +1,6 @@
-// AVX-512 kernels (F, BW, VL and VNNI; compiled with those flags, chosen at run time). Two weight
-// blocks per 512-bit register; VNNI's dpbusd sums u8 x s8 products straight into 32-bit lanes, so
-// 8-bit weights need no widening and nothing saturates.
+// AVX-512 kernels (F, BW, VL and VNNI; compiled with those flags, chosen at run time). A block's 16
+// outputs fill a 512-bit register; VNNI's dpbusd sums u8 x s8 products straight into 32-bit lanes,
+// so 8-bit weights need no widening and nothing saturates.
 #include <immintrin.h>
 
 #include <cmath>
@@ -52,7 +52,8 @@ inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
 }
 
-void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum, float* half) {
+void quantize_rows(const float* x, int64_t rows, int64_t K, int digits, int8_t* q, float* d, float* sum,
+                   float* half) {
   const int64_t nb = K / kBlock;
   const __m512 fine = _mm512_set1_ps(static_cast<float>(kFine));
   const __m512i kf = _mm512_set1_epi32(kFine);
@@ -60,21 +61,24 @@ void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d,
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * kBlock;
       const int64_t i = r * nb + b;
-      int8_t* qb = q + i * 2 * kBlock;
+      int8_t* qb = q + i * kBlock * digits;
       const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
       const float amax = hmax(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
       const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
       const __m512 v0 = _mm512_mul_ps(x0, id), v1 = _mm512_mul_ps(x1, id);
-      const __m512i h0 = _mm512_cvtps_epi32(v0), h1 = _mm512_cvtps_epi32(v1);
-      const __m512i l0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(h0)), fine));
-      const __m512i l1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(h1)), fine));
+      __m512i h0 = _mm512_cvtps_epi32(v0), h1 = _mm512_cvtps_epi32(v1);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(h0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(h1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 32), _mm512_cvtepi32_epi8(l0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 48), _mm512_cvtepi32_epi8(l1));
-      const int32_t s0 = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(h0, kf), l0));
-      const int32_t s1 = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(h1, kf), l1));
-      d[i] = amax / (127.0f * kFine);
+      if (digits == 2) {
+        const __m512i l0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v0, _mm512_cvtepi32_ps(h0)), fine));
+        const __m512i l1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v1, _mm512_cvtepi32_ps(h1)), fine));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 32), _mm512_cvtepi32_epi8(l0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 48), _mm512_cvtepi32_epi8(l1));
+        h0 = _mm512_add_epi32(_mm512_mullo_epi32(h0, kf), l0);  // the values summed below: 254 * hi + lo
+        h1 = _mm512_add_epi32(_mm512_mullo_epi32(h1, kf), l1);
+      }
+      const int32_t s0 = _mm512_reduce_add_epi32(h0), s1 = _mm512_reduce_add_epi32(h1);
+      d[i] = amax / (digits == 2 ? 127.0f * kFine : 127.0f);
       sum[i] = d[i] * static_cast<float>(s0 + s1);
       half[2 * i] = d[i] * static_cast<float>(s0);
       half[2 * i + 1] = d[i] * static_cast<float>(s1);
@@ -144,13 +148,23 @@ inline void unpack(const uint8_t* wb, __m512i w[8]) {
   }
 }
 
-// 254 * hi + lo, exact in 32 bits (|hi| <= 32 * 255 * 127)
-inline __m512 digits(__m512i hi, __m512i lo) {
-  return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), _mm512_slli_epi32(hi, 1)), lo));
+// The int32 dot products of one digit of a block's activations (at xb) with its 16 outputs: of
+// inputs 0-15 (a) and 16-31 (b). Four independent chains: dpbusd's latency, not its throughput,
+// bounds a row.
+inline void dots(const __m512i w[8], const int8_t* xb, __m512i& a, __m512i& b) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
+  for (int j = 0; j < 4; j += 2) {
+    a0 = _mm512_dpbusd_epi32(a0, w[j], bcast4(xb + 4 * j));
+    a1 = _mm512_dpbusd_epi32(a1, w[j + 1], bcast4(xb + 4 * j + 4));
+    b0 = _mm512_dpbusd_epi32(b0, w[j + 4], bcast4(xb + 16 + 4 * j));
+    b1 = _mm512_dpbusd_epi32(b1, w[j + 5], bcast4(xb + 20 + 4 * j));
+  }
+  a = _mm512_add_epi32(a0, a1);
+  b = _mm512_add_epi32(b0, b1);
 }
 
 // Rows m0 .. m0 + RT of the 16 outputs of tile t. Each row's arithmetic is the same whatever RT is.
-template <int BITS, int SCHEME, bool HALF, int RT>
+template <int BITS, int SCHEME, bool HALF, int DIGITS, int RT>
 inline void tile(const QGemm& g, int64_t t, int64_t m0) {
   const int64_t nb = g.K / kBlock;
   constexpr int64_t BB = kLanes * kBlock * BITS / 8;
@@ -189,23 +203,23 @@ inline void tile(const QGemm& g, int64_t t, int64_t m0) {
     unpack<BITS>(wt + b * BB, w);
     for (int r = 0; r < RT; ++r) {
       const int64_t i = (m0 + r) * nb + b;
-      const int8_t* xb = g.x.q + i * 2 * kBlock;
-      // Four independent chains (digit x half): dpbusd's latency, not its throughput, bounds a row.
-      __m512i hiA = _mm512_setzero_si512(), hiB = hiA, loA = hiA, loB = hiA;
-      for (int j = 0; j < 4; ++j) {
-        hiA = _mm512_dpbusd_epi32(hiA, w[j], bcast4(xb + 4 * j));
-        loA = _mm512_dpbusd_epi32(loA, w[j], bcast4(xb + kBlock + 4 * j));
-        hiB = _mm512_dpbusd_epi32(hiB, w[j + 4], bcast4(xb + 16 + 4 * j));
-        loB = _mm512_dpbusd_epi32(loB, w[j + 4], bcast4(xb + kBlock + 16 + 4 * j));
+      const int8_t* xb = g.x.q + i * kBlock * DIGITS;
+      __m512i dotA, dotB;
+      dots(w, xb, dotA, dotB);
+      if constexpr (DIGITS == 2) {  // 254 * hi + lo, exact in 32 bits (|hi| <= 32 * 255 * 127)
+        __m512i loA, loB;
+        dots(w, xb + kBlock, loA, loB);
+        dotA = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(dotA, 8), _mm512_slli_epi32(dotA, 1)), loA);
+        dotB = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(dotB, 8), _mm512_slli_epi32(dotB, 1)), loB);
       }
       const __m512 dx = _mm512_set1_ps(g.x.d[i]);
       if constexpr (SCHEME == kQ6K) {
-        acc[r] = _mm512_fmadd_ps(digits(hiA, loA), _mm512_mul_ps(s0, dx), acc[r]);
-        acc[r] = _mm512_fmadd_ps(digits(hiB, loB), _mm512_mul_ps(s1, dx), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dotA), _mm512_mul_ps(s0, dx), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dotB), _mm512_mul_ps(s1, dx), acc[r]);
         acc[r] = _mm512_fmadd_ps(b0, _mm512_set1_ps(g.x.half[2 * i]), acc[r]);
         acc[r] = _mm512_fmadd_ps(b1, _mm512_set1_ps(g.x.half[2 * i + 1]), acc[r]);
       } else {
-        const __m512 dot = digits(_mm512_add_epi32(hiA, hiB), _mm512_add_epi32(loA, loB));
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(dotA, dotB));
         acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s0, dx), acc[r]);
         acc[r] = _mm512_fmadd_ps(b0, _mm512_set1_ps(g.x.sum[i]), acc[r]);
       }
@@ -216,28 +230,34 @@ inline void tile(const QGemm& g, int64_t t, int64_t m0) {
   for (int r = 0; r < RT; ++r) _mm512_mask_storeu_ps(g.out + (m0 + r) * g.N + t * kLanes, mask, acc[r]);
 }
 
-template <int BITS, int SCHEME, bool HALF>
+template <int BITS, int SCHEME, bool HALF, int DIGITS>
 void qgemm_t(const QGemm& g, int64_t t0, int64_t t1) {
-  constexpr int RT = 4;  // 6 and 8 measured no faster: two dot products a digit bound it, not loads
+  constexpr int RT = 4;
   for (int64_t t = t0; t < t1; ++t) {
     int64_t m0 = 0;
-    for (; m0 + RT <= g.M; m0 += RT) tile<BITS, SCHEME, HALF, RT>(g, t, m0);
+    for (; m0 + RT <= g.M; m0 += RT) tile<BITS, SCHEME, HALF, DIGITS, RT>(g, t, m0);
     switch (g.M - m0) {
-      case 3: tile<BITS, SCHEME, HALF, 3>(g, t, m0); break;
-      case 2: tile<BITS, SCHEME, HALF, 2>(g, t, m0); break;
-      case 1: tile<BITS, SCHEME, HALF, 1>(g, t, m0); break;
+      case 3: tile<BITS, SCHEME, HALF, DIGITS, 3>(g, t, m0); break;
+      case 2: tile<BITS, SCHEME, HALF, DIGITS, 2>(g, t, m0); break;
+      case 1: tile<BITS, SCHEME, HALF, DIGITS, 1>(g, t, m0); break;
       default: break;
     }
   }
 }
 
+template <int BITS, int SCHEME, bool HALF>
+void qgemm_digits(const QGemm& g, int64_t t0, int64_t t1) {
+  g.x.digits == 2 ? qgemm_t<BITS, SCHEME, HALF, 2>(g, t0, t1) : qgemm_t<BITS, SCHEME, HALF, 1>(g, t0, t1);
+}
+
 template <int BITS>
 void qgemm_bits(const QGemm& g, int64_t t0, int64_t t1) {
   switch (g.w.scheme) {
-    case kSym: return qgemm_t<BITS, kSym, true>(g, t0, t1);
-    case kKQuant: return qgemm_t<BITS, kKQuant, true>(g, t0, t1);
-    case kQ6K: return qgemm_t<BITS, kQ6K, true>(g, t0, t1);
-    default: return g.w.half ? qgemm_t<BITS, kAffine, true>(g, t0, t1) : qgemm_t<BITS, kAffine, false>(g, t0, t1);
+    case kSym: return qgemm_digits<BITS, kSym, true>(g, t0, t1);
+    case kKQuant: return qgemm_digits<BITS, kKQuant, true>(g, t0, t1);
+    case kQ6K: return qgemm_digits<BITS, kQ6K, true>(g, t0, t1);
+    default:
+      return g.w.half ? qgemm_digits<BITS, kAffine, true>(g, t0, t1) : qgemm_digits<BITS, kAffine, false>(g, t0, t1);
   }
 }
 

@@ -9,25 +9,30 @@
 namespace mlxnb {
 namespace {
 
-void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d, float* sum, float* half) {
+void quantize_rows(const float* x, int64_t rows, int64_t K, int digits, int8_t* q, float* d, float* sum,
+                   float* half) {
   const int64_t nb = K / kBlock;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * kBlock;
       const int64_t i = r * nb + b;
-      int8_t* qb = q + i * 2 * kBlock;
+      int8_t* qb = q + i * kBlock * digits;
       float amax = 0.0f;
       for (int j = 0; j < kBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
       const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t qs[2] = {0, 0};
       for (int j = 0; j < kBlock; ++j) {
         const float v = xb[j] * id, hi = std::nearbyint(v);
-        const float lo = std::nearbyint((v - hi) * static_cast<float>(kFine));
         qb[j] = static_cast<int8_t>(hi);
-        qb[kBlock + j] = static_cast<int8_t>(lo);
-        qs[j / 16] += kFine * static_cast<int32_t>(hi) + static_cast<int32_t>(lo);
+        if (digits == 2) {
+          const float lo = std::nearbyint((v - hi) * static_cast<float>(kFine));
+          qb[kBlock + j] = static_cast<int8_t>(lo);
+          qs[j / 16] += kFine * static_cast<int32_t>(hi) + static_cast<int32_t>(lo);
+        } else {
+          qs[j / 16] += static_cast<int32_t>(hi);
+        }
       }
-      d[i] = amax / (127.0f * kFine);
+      d[i] = amax / (digits == 2 ? 127.0f * kFine : 127.0f);
       sum[i] = d[i] * static_cast<float>(qs[0] + qs[1]);
       half[2 * i] = d[i] * static_cast<float>(qs[0]);
       half[2 * i + 1] = d[i] * static_cast<float>(qs[1]);
@@ -37,7 +42,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t K, int8_t* q, float* d,
 
 void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
   const int64_t nb = g.K / kBlock, bb = block_bytes(g.w.bits);
-  const bool halves = g.w.scheme == kQ6K;
+  const bool halves = g.w.scheme == kQ6K, two = g.x.digits == 2;
   for (int64_t t = t0; t < t1; ++t) {
     const int lanes = static_cast<int>(g.N - t * kLanes < kLanes ? g.N - t * kLanes : kLanes);
     for (int64_t m = 0; m < g.M; ++m) {
@@ -45,23 +50,22 @@ void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
         float acc = 0.0f;
         for (int64_t b = 0; b < nb; ++b) {
           const uint8_t* blk = g.w.q + (t * nb + b) * bb;
-          const int8_t* xb = g.x.q + (m * nb + b) * 2 * kBlock;
-          int32_t hi[2] = {0, 0}, lo[2] = {0, 0};
+          const int8_t* xb = g.x.q + (m * nb + b) * kBlock * g.x.digits;
+          int32_t dot[2] = {0, 0};
           for (int k = 0; k < kBlock; ++k) {
-            const int w = packed_q(blk, g.w.bits, o, k);
-            hi[k / 16] += w * xb[k];
-            lo[k / 16] += w * xb[kBlock + k];
+            const int32_t xv = two ? kFine * xb[k] + xb[kBlock + k] : xb[k];
+            dot[k / 16] += packed_q(blk, g.w.bits, o, k) * xv;
           }
           const BlockScale s = block_scale(g.w, g.K, t, b, o);
           const int64_t i = m * nb + b;
           const float dx = g.x.d[i];
           if (halves) {
-            acc = std::fma(static_cast<float>(kFine * hi[0] + lo[0]), s.s0 * dx, acc);
-            acc = std::fma(static_cast<float>(kFine * hi[1] + lo[1]), s.s1 * dx, acc);
+            acc = std::fma(static_cast<float>(dot[0]), s.s0 * dx, acc);
+            acc = std::fma(static_cast<float>(dot[1]), s.s1 * dx, acc);
             acc = std::fma(s.b0, g.x.half[2 * i], acc);
             acc = std::fma(s.b1, g.x.half[2 * i + 1], acc);
           } else {
-            acc = std::fma(static_cast<float>(kFine * (hi[0] + hi[1]) + lo[0] + lo[1]), s.s0 * dx, acc);
+            acc = std::fma(static_cast<float>(dot[0] + dot[1]), s.s0 * dx, acc);
             acc = std::fma(s.b0, g.x.sum[i], acc);
           }
         }

@@ -15,10 +15,11 @@ namespace mlxnb {
 // `scheme` kAffine / kSym / kKQuant / kQ6K with its `biases`, `sub` and `zero`; mlx_nb.kernels.packing
 // makes it from MLX's affine weights, pack_ggml from GGUF's blocks), activations quantized to int8
 // in blocks of 32. With norm_weight, x is RMS-normalized first (eps); with gate, x holds [gate, up]
-// halves and the matmul reads silu(gate) * up; with residual, it is added to the result.
+// halves and the matmul reads silu(gate) * up; with residual, it is added to the result. `digits`:
+// the activations' int8 digits (isa.h's QActs), 1 as llama.cpp, or 2 for ~15 bits.
 mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales,
                   const std::optional<mx::array>& biases, int n, int group_size, int bits, int scheme = 0,
-                  int zero = 0, const std::optional<mx::array>& sub = std::nullopt,
+                  int zero = 0, const std::optional<mx::array>& sub = std::nullopt, int digits = 1,
                   const std::optional<mx::array>& norm_weight = std::nullopt, float eps = 0.0f,
                   const std::optional<mx::array>& residual = std::nullopt, bool gate = false,
                   mx::StreamOrDevice s = {});
@@ -31,7 +32,8 @@ mx::array qgather(const mx::array& ids, const mx::array& packed, const mx::array
 mx::array qmatmul_experts(const mx::array& x, const mx::array& experts, const mx::array& packed,
                           const mx::array& scales, const std::optional<mx::array>& biases, int n, int num_experts,
                           int group_size, int bits, int scheme = 0, int zero = 0,
-                          const std::optional<mx::array>& sub = std::nullopt, mx::StreamOrDevice s = {});
+                          const std::optional<mx::array>& sub = std::nullopt, int digits = 1,
+                          mx::StreamOrDevice s = {});
 // GGUF blocks of ggml type `type` (raw uint8 [rows, bytes per row], k weights a row) in the packed
 // layout: [packed, scales, biases, sub] (biases and sub one element where the type's scheme has none).
 std::vector<mx::array> pack_ggml(const mx::array& raw, int type, int k, mx::StreamOrDevice s = {});

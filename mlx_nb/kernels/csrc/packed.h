@@ -14,6 +14,7 @@ namespace mlxnb {
 // How a packed weight's q become weights (isa.h's QWeight without the pointers).
 struct Layout {
   int bits, group_size, scheme, zero;
+  int digits;  // of the activations this weight is multiplied with (isa.h's QActs): 1 or 2
   bool operator==(const Layout&) const = default;
 };
 
@@ -40,6 +41,7 @@ inline std::vector<mx::array> check_packed(const std::string& op, const mx::arra
   if (l.bits != 4 && l.bits != 5 && l.bits != 6 && l.bits != 8)
     fail(op, "supports 4-, 5-, 6- and 8-bit weights, got " + std::to_string(l.bits));
   if (l.scheme < kAffine || l.scheme > kQ6K) fail(op, "unknown scheme " + std::to_string(l.scheme));
+  if (l.digits != 1 && l.digits != 2) fail(op, "digits must be 1 or 2");
   const int64_t tiles = (n + kLanes - 1) / kLanes, unit = l.scheme == kAffine ? l.group_size
                                                         : l.scheme == kSym ? kBlock : 256;
   if (l.scheme == kAffine && (l.group_size < kBlock || l.group_size % kBlock))

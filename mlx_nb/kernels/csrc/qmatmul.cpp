@@ -22,12 +22,13 @@ struct Fused {
   bool gate = false;  // x holds [gate, up] halves: the matmul reads silu(gate) * up (a SwiGLU's down)
 };
 
-void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, int64_t K, float* out, const Fused& f) {
+void run_qmatmul(const mx::array& xa, const QWeight& w, int digits, int64_t M, int64_t N, int64_t K, float* out,
+                 const Fused& f) {
   thread_local Scratch scratch;
   Scratch& sc = scratch;  // the caller's: a lambda body naming a thread_local would get the worker's
   const float* x = row_major(xa, sc.x);
   const int64_t nb = K / kBlock, xk = f.gate ? 2 * K : K;  // x's row length
-  sc.q.resize(M * K * 2);
+  sc.q.resize(M * K * digits);
   sc.d.resize(M * nb);
   sc.sum.resize(M * nb);
   sc.half.resize(M * nb * 2);
@@ -43,10 +44,10 @@ void run_qmatmul(const mx::array& xa, const QWeight& w, int64_t M, int64_t N, in
       for (int64_t r = r0; r < r1; ++r) k.silu_mul(x + r * xk, x + r * xk + K, sc.normed.data() + r * K, K);
       src = sc.normed.data() + r0 * K;
     }
-    k.quantize_rows(src, r1 - r0, K, sc.q.data() + r0 * K * 2, sc.d.data() + r0 * nb, sc.sum.data() + r0 * nb,
-                    sc.half.data() + r0 * nb * 2);
+    k.quantize_rows(src, r1 - r0, K, digits, sc.q.data() + r0 * K * digits, sc.d.data() + r0 * nb,
+                    sc.sum.data() + r0 * nb, sc.half.data() + r0 * nb * 2);
   });
-  const QGemm g{{sc.q.data(), sc.d.data(), sc.sum.data(), sc.half.data()}, w, M, N, K, out};
+  const QGemm g{{sc.q.data(), sc.d.data(), sc.sum.data(), sc.half.data(), digits}, w, M, N, K, out};
   const int64_t tiles = (N + kLanes - 1) / kLanes;
   auto& pool = Pool::instance();
   if (pool.threads() == 1 || M * N * K < (1 << 17)) {
@@ -82,8 +83,9 @@ class QMatmul : public CpuOnly {
     if (norm_) f.norm_weight = in[next++], f.eps = eps_;
     if (residual_) f.residual = in[next++];
     auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.dispatch([x = in[0], w = packed_view(in, 1, layout_), M, N = n_, K, o = out.data<float>(), f]() {
-      run_qmatmul(x, w, M, N, K, o, f);
+    enc.dispatch([x = in[0], w = packed_view(in, 1, layout_), digits = layout_.digits, M, N = n_, K,
+                  o = out.data<float>(), f]() {
+      run_qmatmul(x, w, digits, M, N, K, o, f);
     });
   }
 
@@ -134,14 +136,14 @@ class QGather : public CpuOnly {
 
 mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales,
                   const std::optional<mx::array>& biases, int n, int group_size, int bits, int scheme, int zero,
-                  const std::optional<mx::array>& sub, const std::optional<mx::array>& norm_weight, float eps,
-                  const std::optional<mx::array>& residual, bool gate, mx::StreamOrDevice s) {
+                  const std::optional<mx::array>& sub, int digits, const std::optional<mx::array>& norm_weight,
+                  float eps, const std::optional<mx::array>& residual, bool gate, mx::StreamOrDevice s) {
   const std::string op = "qmatmul";
   check_float(op, x);
   if (x.ndim() < 1) fail(op, "x must have at least one dimension");
   if (gate && (x.shape(-1) % 2 || norm_weight)) fail(op, "gate takes x as [gate, up] halves, without a norm");
   const int64_t K = x.shape(-1) / (gate ? 2 : 1);
-  const Layout layout{bits, group_size, scheme, zero};
+  const Layout layout{bits, group_size, scheme, zero, digits};
   auto weight = check_packed(op, packed, scales, biases, sub, n, K, layout, s);
   auto shape = x.shape();
   shape.back() = n;
@@ -167,7 +169,7 @@ mx::array qgather(const mx::array& ids, const mx::array& packed, const mx::array
                   int zero, const std::optional<mx::array>& sub, mx::StreamOrDevice s) {
   const std::string op = "qgather";
   if (!mx::issubdtype(ids.dtype(), mx::integer)) fail(op, "ids must be integers");
-  const Layout layout{bits, group_size, scheme, zero};
+  const Layout layout{bits, group_size, scheme, zero, 1};
   auto weight = check_packed(op, packed, scales, biases, sub, n, k, layout, s);
   // Out-of-range ids are clipped, as MLX's take does for an embedding.
   auto idx = mx::clip(mx::astype(ids, mx::int32, s), mx::array(0), mx::array(n - 1), s);

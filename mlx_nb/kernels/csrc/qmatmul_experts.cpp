@@ -29,8 +29,8 @@ struct ExpertScratch {
   std::vector<int64_t> order, start;
 };
 
-void run_experts(const mx::array& xa, const mx::array& ea, const QWeight& w, int64_t R, int64_t N, int64_t K,
-                 int64_t E, float* out) {
+void run_experts(const mx::array& xa, const mx::array& ea, const QWeight& w, int digits, int64_t R, int64_t N,
+                 int64_t K, int64_t E, float* out) {
   thread_local ExpertScratch scratch;
   ExpertScratch& sc = scratch;
   const float* x = row_major(xa, sc.x);
@@ -38,12 +38,12 @@ void run_experts(const mx::array& xa, const mx::array& ea, const QWeight& w, int
   const int32_t* ex = row_major(ea, ebuf);
   const int64_t nb = K / kBlock, tiles = (N + kLanes - 1) / kLanes;
   const Isa& k = isa();
-  sc.q.resize(R * K * 2);
+  sc.q.resize(R * K * digits);
   sc.d.resize(R * nb);
   sc.sum.resize(R * nb);
   sc.half.resize(R * nb * 2);
   for_rows(R, K, [&](int64_t r0, int64_t r1) {
-    k.quantize_rows(x + r0 * K, r1 - r0, K, sc.q.data() + r0 * K * 2, sc.d.data() + r0 * nb,
+    k.quantize_rows(x + r0 * K, r1 - r0, K, digits, sc.q.data() + r0 * K * digits, sc.d.data() + r0 * nb,
                     sc.sum.data() + r0 * nb, sc.half.data() + r0 * nb * 2);
   });
   // rows grouped by expert (counting sort: stable, so a row's place in its group is fixed by the rows before it)
@@ -55,13 +55,13 @@ void run_experts(const mx::array& xa, const mx::array& ea, const QWeight& w, int
     std::vector<int64_t> fill(sc.start.begin(), sc.start.end() - 1);
     for (int64_t r = 0; r < R; ++r) sc.order[fill[ex[r]]++] = r;
   }
-  sc.gq.resize(R * K * 2);
+  sc.gq.resize(R * K * digits);
   sc.gd.resize(R * nb);
   sc.gsum.resize(R * nb);
   sc.ghalf.resize(R * nb * 2);
   for (int64_t i = 0; i < R; ++i) {
     const int64_t r = sc.order[i];
-    std::memcpy(sc.gq.data() + i * K * 2, sc.q.data() + r * K * 2, K * 2);
+    std::memcpy(sc.gq.data() + i * K * digits, sc.q.data() + r * K * digits, K * digits);
     std::memcpy(sc.gd.data() + i * nb, sc.d.data() + r * nb, nb * sizeof(float));
     std::memcpy(sc.gsum.data() + i * nb, sc.sum.data() + r * nb, nb * sizeof(float));
     std::memcpy(sc.ghalf.data() + i * nb * 2, sc.half.data() + r * nb * 2, nb * 2 * sizeof(float));
@@ -79,8 +79,8 @@ void run_experts(const mx::array& xa, const mx::array& ea, const QWeight& w, int
   auto run = [&](int64_t i) {
     const Task& task = tasks[i];
     const int64_t first = sc.start[task.e], rows = sc.start[task.e + 1] - first;
-    const QActs acts{sc.gq.data() + first * K * 2, sc.gd.data() + first * nb, sc.gsum.data() + first * nb,
-                     sc.ghalf.data() + first * nb * 2};
+    const QActs acts{sc.gq.data() + first * K * digits, sc.gd.data() + first * nb, sc.gsum.data() + first * nb,
+                     sc.ghalf.data() + first * nb * 2, digits};
     const QGemm g{acts, expert_view(w, K, tiles, task.e), rows, N, K, sc.out.data() + first * N};
     k.qgemm(g, task.t0, task.t1);
   };
@@ -107,8 +107,8 @@ class QMatmulExperts : public CpuOnly {
     alloc(out);
     const int64_t K = in[0].shape(-1), R = in[0].size() / std::max<int64_t>(K, 1);
     auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.dispatch([x = in[0], e = in[1], w = packed_view(in, 2, layout_), R, N = n_, K, E = experts_,
-                  o = out.data<float>()]() { run_experts(x, e, w, R, N, K, E, o); });
+    enc.dispatch([x = in[0], e = in[1], w = packed_view(in, 2, layout_), digits = layout_.digits, R, N = n_, K,
+                  E = experts_, o = out.data<float>()]() { run_experts(x, e, w, digits, R, N, K, E, o); });
   }
 
  private:
@@ -121,14 +121,14 @@ class QMatmulExperts : public CpuOnly {
 mx::array qmatmul_experts(const mx::array& x, const mx::array& experts, const mx::array& packed,
                           const mx::array& scales, const std::optional<mx::array>& biases, int n, int num_experts,
                           int group_size, int bits, int scheme, int zero, const std::optional<mx::array>& sub,
-                          mx::StreamOrDevice s) {
+                          int digits, mx::StreamOrDevice s) {
   const std::string op = "qmatmul_experts";
   check_float(op, x);
   if (x.ndim() != 2) fail(op, "x must be [rows, K]");
   if (experts.ndim() != 1 || experts.shape(0) != x.shape(0)) fail(op, "experts must be [rows]: one expert a row");
   if (!mx::issubdtype(experts.dtype(), mx::integer)) fail(op, "experts must be integers");
   if (n % kLanes) fail(op, "each expert's outputs must be a multiple of 16");
-  const Layout layout{bits, group_size, scheme, zero};
+  const Layout layout{bits, group_size, scheme, zero, digits};
   auto weight = check_packed(op, packed, scales, biases, sub, static_cast<int64_t>(n) * num_experts, x.shape(1),
                              layout, s);
   // Out-of-range experts are clipped, as a gather clips its indices.
