@@ -48,8 +48,8 @@ def table(loaded) -> list[dict]:
 
     for name, q in (("gate+up (q4)", mlp.gate_up), ("down (q4)", mlp.down_proj), ("output layer (q8)", embed)):
         if isinstance(q, layers.QEmbedding):
-            proj = layers.QLinear(q.packed, q.scales, q.biases, input_dims=q.dims, output_dims=q.num_embeddings,
-                                  group_size=q.group_size, bits=q.bits)
+            proj = layers.QLinear({"packed": q.packed, "scales": q.scales, "biases": q.biases}, input_dims=q.dims,
+                                  output_dims=q.num_embeddings, group_size=q.group_size, bits=q.bits)
         else:
             proj = q
         w, wq, s, b = dequantized(proj)

@@ -22,6 +22,27 @@ def copy_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
     return 2 * src.nbytes / best / 1e9  # read + write
 
 
+def read_bandwidth_gbs(threads: int | None = None) -> float | None:
+    """Memory read bandwidth with every core streaming (bench/bandwidth.c, built here with the system
+    C compiler); None without one."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "bandwidth"
+        src = Path(__file__).with_name("bandwidth.c")
+        flags = ["-O2", "-march=native", "-pthread"]
+        subprocess.run([cc, *flags, str(src), "-o", str(exe)], check=True, capture_output=True)
+        out = subprocess.run([str(exe), str(threads or os.cpu_count() or 1)], check=True, capture_output=True, text=True)
+    return float(out.stdout.strip())
+
+
 def sgemm_gflops(m: int = 512, k: int = 576, n: int = 1536, seconds: float = 2.0) -> float:
     import mlx.core as mx
 

@@ -170,6 +170,67 @@ def _prompt_table(runs) -> list[str]:
     return lines
 
 
+def _real_lv(model, key, n):
+    run = model["runs"][key]["levels"]
+    return run.get(n) or run.get(str(n))
+
+
+def real_targets(data) -> list[tuple[str, str, str, bool]]:
+    """Per real-size file: the targets against llama-server on the same file."""
+    from real_sizes import bandwidth
+
+    real = data.get("real") or {}
+    rows = []
+    for name, model in (real.get("models") or {}).items():
+        for n, goal in ((1, 1.0), (8, 1.3), (32, 1.3)):
+            a, b = _real_lv(model, "ours", n), _real_lv(model, "llama_server", n)
+            if a and b:
+                r = a["agg_tps"] / b["agg_tps"]
+                rows.append((f"{name}: {n} stream{'s' * (n > 1)} vs llama-server", f"{r:.2f}x", f">= {goal}x", r >= goal))
+        a, b = model["runs"]["ours"].get("prompt_read"), model["runs"]["llama_server"].get("prompt_read")
+        if a and b:
+            r = a["prompt_tps"] / b["prompt_tps"]
+            rows.append((f"{name}: {a['prompt_tokens']}-token prompt read alone",
+                         f"{a['prompt_tps']:.0f} / {b['prompt_tps']:.0f} tok/s = {r:.2f}x", ">= 1.0x", r >= 1.0))
+        mo, ml = model["peak_rss"]["ours"], model["peak_rss"]["llama_server"]
+        rows.append((f"{name}: peak resident memory (ours / llama-server)", f"{mo / 1e6:.0f} / {ml / 1e6:.0f} MB",
+                     "<= +15%", mo <= 1.15 * ml))
+        if real.get("read_bandwidth_gbs"):
+            ours, cpp = bandwidth(model, "ours"), bandwidth(model, "llama_server")
+            frac = ours / real["read_bandwidth_gbs"]
+            rows.append((f"{name}: weights read at one stream (ours / llama-server / machine)",
+                         f"{ours:.1f} / {cpp:.1f} / {real['read_bandwidth_gbs']:.1f} GB/s = {frac:.0%}", ">= 90%",
+                         frac >= 0.9))
+    return rows
+
+
+def _real_tables(data) -> list[str]:
+    real = data.get("real") or {}
+    models = real.get("models") or {}
+    if not models:
+        return []
+    lines = ["", "## The models people bring (GGUF, Q4_K_M, beside llama-server on the same file)", "",
+             f"{real.get('date', data['date'])}. Random weights written in each model's real layout and vocabulary size, "
+             "quantized by llama.cpp's llama-quantize (bench/real_models.py); aggregate tokens/s, median of cold runs; "
+             "peak resident memory of each server process over the whole run.", "",
+             "| model file | system | N=1 | N=8 | N=32 | 2k prompt read | weights read at N=1 | peak RSS |",
+             "|---|---|---|---|---|---|---|---|"]
+    from real_sizes import bandwidth
+
+    for name, model in models.items():
+        for key in ("ours", "llama_server"):
+            run = model["runs"][key]
+            cells = [f"{_real_lv(model, key, n)['agg_tps']:.1f}" if _real_lv(model, key, n) else "-" for n in (1, 8, 32)]
+            pr = run.get("prompt_read")
+            lines.append(f"| {model['file']} | {NAMES[key]} | {' | '.join(cells)} | "
+                         f"{pr['prompt_tps']:.0f} tok/s | {bandwidth(model, key):.1f} GB/s | "
+                         f"{model['peak_rss'][key] / 1e6:.0f} MB |" if pr else "")
+    if real.get("read_bandwidth_gbs"):
+        lines += ["", f"This machine reads {real['read_bandwidth_gbs']:.1f} GB/s with every core streaming "
+                  "(bench/bandwidth.c)."]
+    return lines
+
+
 def write_report(data, out: Path, readme: Path | None = None) -> None:
     runs = data["runs"]
     levels = sorted({int(n) for r in runs.values() for n in r["levels"]})
@@ -182,9 +243,10 @@ def write_report(data, out: Path, readme: Path | None = None) -> None:
              "Only ratios within this run are meaningful; absolute numbers vary between runs and machines."]
     if absent:
         lines += ["", "Not measured (not installed or skipped): " + ", ".join(absent) + "."]
-    lines += [""] + _level_tables(runs, levels) + _prompt_table(runs) + _long_prompt_table(runs)
+    lines += [""] + _level_tables(runs, levels) + _prompt_table(runs) + _long_prompt_table(runs) + _real_tables(data)
     lines += ["", "## Targets", "", "| measure | value | target | met |", "|---|---|---|---|"]
-    lines += [f"| {label} | {value} | {goal} | {'yes' if ok else 'NO'} |" for label, value, goal, ok in targets(data)]
+    lines += [f"| {label} | {value} | {goal} | {'yes' if ok else 'NO'} |"
+              for label, value, goal, ok in targets(data) + real_targets(data)]
     lines += ["", "## Machine limits", "",
               f"- copy bandwidth {m['copy_gbs']:.1f} GB/s; sgemm {m['sgemm_gflops']:.1f} GFLOP/s (512x576x1536, fp32)",
               f"- model: {m['matmul_params'] / 1e6:.0f} M matmul weights, {m['bytes_per_token'] / 1e6:.0f} MB read and "
@@ -194,8 +256,8 @@ def write_report(data, out: Path, readme: Path | None = None) -> None:
     _write_atomically(out / "latest.md", "\n".join(lines) + "\n")
     _plot(data, levels, out / "throughput.png")
     if readme is not None:
-        summary = [head, ""] + _level_tables(runs, levels)[4:len(runs) + 6] + ["", "Targets, latency and where the "
-                   "time goes: [bench/results/latest.md](bench/results/latest.md)."]
+        summary = [head, ""] + _level_tables(runs, levels)[4:len(runs) + 6] + _real_tables(data) + [
+                   "", "Targets, latency and where the time goes: [bench/results/latest.md](bench/results/latest.md)."]
         update_readme(readme, "\n".join(summary))
 
 

