@@ -8,6 +8,7 @@ happen in the caller's thread, so bad input is refused at `submit` with a messag
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import time
@@ -33,6 +34,22 @@ from mlx_nb.engine.types import ContextOverflowError, Request, RequestError, Sam
 from mlx_nb.models.progress import LoadProgress
 
 __all__ = ["Engine", "EngineClosedError"]
+
+
+# Every engine loop not yet stopped, with the job running it: at interpreter exit each is stopped
+# and waited for before Python tears down (see _stop_all_at_exit).
+_running: "weakref.WeakKeyDictionary[EngineLoop, workers.Job]" = weakref.WeakKeyDictionary()
+
+
+@atexit.register
+def _stop_all_at_exit(timeout: float = 30.0) -> None:
+    """A script that ends (or raises) while an Engine decodes: its thread is inside MLX between two
+    ops, and Python's teardown under it aborted the process ("terminate called without an active
+    exception", exit status 134). Stopped here first, the thread leaves MLX between steps and the
+    process exits with its own status."""
+    for loop, job in list(_running.items()):
+        loop.close()
+        job.join(timeout)
 
 
 class Engine:
@@ -94,9 +111,10 @@ class Engine:
         self._started = time.time()
         self._ids = itertools.count(1)
         self._job = workers.start(self._loop.run)
+        _running[self._loop] = self._job
         # The loop holds no reference back to this Engine, so dropping the Engine runs this.
         self._close_loop = weakref.finalize(self, self._loop.close)
-        self._close_loop.atexit = False  # at exit the daemon thread just stops; no MLX work during teardown
+        self._close_loop.atexit = False  # _stop_all_at_exit stops the loop and waits for it instead
         if wait:
             self.wait_ready()
 
