@@ -25,14 +25,10 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 
-from mlx_nb import kernels
 from mlx_nb.engine.sampling import TokenSampler
+from mlx_nb.kernels import ops
 
-
-def _log_softmax(logits: mx.array) -> mx.array:
-    if kernels.available():
-        return kernels.native().log_softmax(logits)
-    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+_log_softmax = ops.log_softmax
 
 
 def sample_rows(logits: mx.array, samplers: list, logprobs: Optional[mx.array]) -> mx.array:
@@ -46,18 +42,20 @@ def sample_rows(logits: mx.array, samplers: list, logprobs: Optional[mx.array]) 
         ts = [samplers[e] for e in native]
         if all(s.temperature == 0 for s in ts):
             out = mx.argmax(picked, axis=-1)
-        elif kernels.available():
-            out = kernels.native().sample(
+        else:
+            def each_row():  # MLX's ops: each row's own sampler on its log-probabilities
+                norm = _log_softmax(picked)
+                return mx.concatenate([s(norm[i:i + 1]) for i, s in enumerate(ts)])
+
+            out = ops.sample(
                 picked,
                 temperature=mx.array([s.temperature for s in ts], dtype=mx.float32),
                 top_p=mx.array([s.top_p for s in ts], dtype=mx.float32),
                 top_k=mx.array([s.top_k for s in ts], dtype=mx.int32),
                 min_p=mx.array([s.min_p for s in ts], dtype=mx.float32),
-                uniform=_uniforms(ts),
+                uniform=lambda: _uniforms(ts),
+                fallback=each_row,
             )
-        else:
-            norm = _log_softmax(picked)
-            out = mx.concatenate([s(norm[i:i + 1]) for i, s in enumerate(ts)])
         if len(native) == rows:
             return out.astype(mx.uint32)
         for i, e in enumerate(native):

@@ -74,17 +74,15 @@ class TokenSampler:
     def __call__(self, logprobs):
         import mlx.core as mx
 
-        from mlx_nb import kernels
+        from mlx_nb.kernels import ops
 
         if self.temperature == 0:
             return mx.argmax(logprobs, axis=-1)
-        if kernels.available():
-            rows = logprobs.shape[0]
-            full = lambda v, dtype=mx.float32: mx.full((rows,), v, dtype=dtype)  # noqa: E731
-            return kernels.native().sample(
-                logprobs, temperature=full(self.temperature), top_p=full(self.top_p),
-                top_k=full(self.top_k, mx.int32), min_p=full(self.min_p), uniform=self.uniform(rows))
-        return self._fallback(logprobs)
+        rows = logprobs.shape[0]
+        full = lambda v, dtype=mx.float32: mx.full((rows,), v, dtype=dtype)  # noqa: E731
+        return ops.sample(logprobs, temperature=full(self.temperature), top_p=full(self.top_p),
+                          top_k=full(self.top_k, mx.int32), min_p=full(self.min_p),
+                          uniform=lambda: self.uniform(rows), fallback=lambda: self._fallback(logprobs))
 
     def _fallback(self, logprobs):
         """mlx_lm's own sampler for these settings (MLX ops), with this request's key when seeded."""

@@ -58,3 +58,18 @@ def test_loader_and_vision_do_not_import_each_other():
     """The loader loads vision models through vision.py; vision.py takes what both make from loaded.py."""
     vision = {m for _, m in imported_modules(MODELS / "vision.py", "mlx_nb.models")}
     assert not any(m == "mlx_nb.models.loader" or m.startswith("mlx_nb.models.loader.") for m in vision)
+
+
+def test_the_engine_reaches_the_kernels_only_through_their_face():
+    """mlx_nb/engine calls mlx_nb.kernels.ops, which picks native or MLX inside: no engine module
+    imports the kernels package itself (and so never asks kernels.available())."""
+    engine = MODELS.parent / "engine"
+    offenders = []
+    for path in sorted(engine.rglob("*.py")):
+        for line, name in imported_modules(path, "mlx_nb.engine"):
+            if name.startswith("mlx_nb.kernels") and name not in ("mlx_nb.kernels.ops", "mlx_nb.kernels"):
+                offenders.append(f"{path.name}:{line} {name}")
+            elif name == "mlx_nb.kernels" and not any(n == "mlx_nb.kernels.ops" for ln, n in
+                                                      imported_modules(path, "mlx_nb.engine") if ln == line):
+                offenders.append(f"{path.name}:{line} {name}")
+    assert not offenders, f"the engine reaches into mlx_nb.kernels: {offenders}"
