@@ -158,7 +158,7 @@ class BatchPictureHandler(MLXHandler):
     @web.authenticated
     @authorized
     async def get(self):
-        from mlx_nb.widgets.svg_batch import build_batch_svg
+        from mlx_nb.pictures.batch import build_batch_svg
 
         lanes = whole_argument(self, "lanes", "12", 1, 200)
         width = picture_width_argument(self)
@@ -179,7 +179,7 @@ def whole_argument(handler, name: str, default: str, low: int, high: int) -> int
 
 def picture_width_argument(handler) -> int:
     """`?width=PX`: the width to draw a picture for (the Lab's sidebar sends its own)."""
-    from mlx_nb.widgets.theme import MAX_WIDTH, MIN_WIDTH, WIDTH
+    from mlx_nb.pictures.theme import MAX_WIDTH, MIN_WIDTH, WIDTH
 
     return whole_argument(handler, "width", str(WIDTH), MIN_WIDTH, MAX_WIDTH)
 
@@ -192,7 +192,7 @@ class CachePictureHandler(MLXHandler):
     @web.authenticated
     @authorized
     async def get(self):
-        from mlx_nb.widgets.svg_cache import build_cache_svg
+        from mlx_nb.pictures.cache import build_cache_svg
 
         if self.ext.remote is not None:
             raise not_found("this server relays a backend: its caches are the backend's")

@@ -123,7 +123,7 @@ def _shapes(layer: dict) -> str:
 
 def cache_table(layout: dict) -> Table:
     """One row per kind of layer: identical layers (a fresh cache's 30 empty ones) share a row."""
-    from mlx_nb.widgets.svg_cache import layer_span, runs
+    from mlx_nb.pictures.cache import layer_span, runs
 
     layers = layout.get("layers") or []
     total = sum(layer.get("nbytes") or 0 for layer in layers)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipywidgets as W
 
 from mlx_nb.widgets.lifecycle import adopt
-from mlx_nb.widgets.theme import static_html
+from mlx_nb.pictures.theme import static_html
 
 
 def one_line(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import ipywidgets as W
 
 from mlx_nb.widgets.base import PictureWidget, one_line
-from mlx_nb.widgets.svg_batch import build_batch_svg
+from mlx_nb.pictures.batch import build_batch_svg
 
 
 class BatchVisualizer(PictureWidget):

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import ipywidgets as W
 
 from mlx_nb.widgets.base import PictureWidget, one_line
-from mlx_nb.widgets.svg_cache import build_cache_svg
+from mlx_nb.pictures.cache import build_cache_svg
 
 MAX_RETRY_S = 10.0
 

@@ -143,7 +143,7 @@ for _ in range(8):  # a few tokens in: it is decoding
 layout = engine.cache_layout(handle.id)
 
 # %% tags=["nbval-check-output"]
-from mlx_nb.widgets.svg_cache import grids
+from mlx_nb.pictures.cache import grids
 
 for grid in grids(layout["layers"]):  # how far it has got changes from run to run: not printed
     kind = "a fixed-size state" if grid["batch"]["state"] else "a position per token so far"

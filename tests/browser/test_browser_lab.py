@@ -22,7 +22,7 @@ import pytest
 from lab_server import MS, NOTEBOOK, WAIT_S, Lab, _dismiss_dialogs, _requirements, _shot, menu, run_all_cells
 from page_checks import COLOURS_JS, OVERFLOW_JS, weakest_contrast
 
-from mlx_nb.widgets.theme import svg_of
+from mlx_nb.pictures.theme import svg_of
 
 pytestmark = pytest.mark.browser
 

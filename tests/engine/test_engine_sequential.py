@@ -149,7 +149,7 @@ def test_many_threads_submitting_at_once(engine, want):
 def test_the_batch_view_shows_the_queue(engine, want):
     """The batch visualizer's lanes, from the lane's events: each request waits (insert -> join)
     until the one before it has left, and the batch size never exceeds one."""
-    from mlx_nb.widgets.svg_batch import lanes_from_events
+    from mlx_nb.pictures.batch import lanes_from_events
 
     since = engine.events()[-1]["seq"]
     handles = [engine.submit(prompt=p, max_tokens=10) for p in PROMPTS]

@@ -73,3 +73,23 @@ def test_the_engine_reaches_the_kernels_only_through_their_face():
                                                       imported_modules(path, "mlx_nb.engine") if ln == line):
                 offenders.append(f"{path.name}:{line} {name}")
     assert not offenders, f"the engine reaches into mlx_nb.kernels: {offenders}"
+
+
+def test_the_server_draws_pictures_without_ipywidgets():
+    """The SVG pictures are their own floor (mlx_nb.pictures): the server's routes draw with them,
+    and neither imports ipywidgets (nor the engine)."""
+    import subprocess
+    import sys
+
+    alone = ("import sys\nfrom mlx_nb.pictures.batch import build_batch_svg\nbuild_batch_svg([])\n"
+             "from mlx_nb.pictures import CachePicture\n"
+             "assert not [m for m in sys.modules if m.startswith(('mlx_nb.engine', 'ipywidgets'))], 'imported'\n")
+    server = ("import sys, jupyter_ext.monitor, jupyter_ext.app\n"
+              "assert 'ipywidgets' not in sys.modules, 'the server imported ipywidgets'\n")
+    for code in (alone, server):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+    pictures = MODELS.parent / "pictures"
+    for path in sorted(pictures.rglob("*.py")):
+        names = [n for _, n in imported_modules(path, "mlx_nb.pictures")]
+        assert not [n for n in names if n.startswith(("ipywidgets", "mlx_nb.widgets", "mlx_nb.engine"))], path.name

@@ -261,7 +261,7 @@ def test_cache_drawing_escapes_what_a_server_sends():
     """CacheInspector draws a layout that may come from any server it is pointed at (W.HTML: raw HTML)."""
     import xml.etree.ElementTree as ET
 
-    from mlx_nb.widgets.svg_cache import build_cache_svg
+    from mlx_nb.pictures.cache import build_cache_svg
 
     hostile = '"><img src=x onerror="window.__pwned=1">'
     layout = {"model": hostile, "request": hostile, "layers": [

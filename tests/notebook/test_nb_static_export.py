@@ -13,7 +13,7 @@ import pytest
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter
 
-from mlx_nb.widgets.theme import svg_of
+from mlx_nb.pictures.theme import svg_of
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 

@@ -3,8 +3,8 @@
 import xml.etree.ElementTree as ET
 
 from mlx_nb.magics.tables import cache_table, status_table
-from mlx_nb.widgets.svg_batch import REASON_COLORS, build_batch_svg, lanes_from_events
-from mlx_nb.widgets.svg_cache import TYPE_COLORS, build_cache_svg
+from mlx_nb.pictures.batch import REASON_COLORS, build_batch_svg, lanes_from_events
+from mlx_nb.pictures.cache import TYPE_COLORS, build_cache_svg
 
 
 def ev(seq, kind, step, requests, **detail):

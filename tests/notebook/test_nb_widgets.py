@@ -11,7 +11,7 @@ import pytest
 from mlx_nb.client import Client
 from mlx_nb.client.content import request_source
 from mlx_nb.widgets import BatchVisualizer, CacheInspector, ChatPanel
-from mlx_nb.widgets.theme import svg_of
+from mlx_nb.pictures.theme import svg_of
 
 
 @pytest.fixture(scope="module")

@@ -113,11 +113,9 @@ extern const Isa kPortable;
 extern const Isa kAvx2;
 extern const Isa kAvx512;
 #endif
-#if defined(__aarch64__)
-extern const Isa kNeon;
-#endif
 
-// The table in use: MLX_NB_ISA=portable|avx2|avx512|neon forces one the CPU supports.
+// The table in use: MLX_NB_ISA=portable|avx2|avx512 forces one the CPU supports (other processors,
+// aarch64 among them, have the portable table only).
 const Isa& isa();
 // Switches the table (tests compare them in one process); false if this CPU can't run `name`.
 bool set_isa(const char* name);

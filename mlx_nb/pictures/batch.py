@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Optional
 
-from mlx_nb.widgets.theme import (
+from mlx_nb.pictures.theme import (
     BACKGROUND,
     WIDTH,
     cut,

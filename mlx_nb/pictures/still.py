@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from mlx_nb.widgets.svg_cache import build_cache_svg, grid_title, grids
-from mlx_nb.widgets.theme import static_html
+from mlx_nb.pictures.cache import build_cache_svg, grid_title, grids
+from mlx_nb.pictures.theme import static_html
 
 
 def rows_text(layout: dict) -> list[str]:

@@ -20,7 +20,7 @@ from html import escape
 from typing import Optional
 
 from mlx_nb.formatting import human_bytes
-from mlx_nb.widgets.theme import (
+from mlx_nb.pictures.theme import (
     WIDTH,
     cut,
     legend_rows,
