@@ -17,7 +17,7 @@ from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 
-from jupyter_ext import control, handlers, monitor
+from jupyter_ext import control, handlers, metrics, monitor
 from jupyter_ext.headless import ModelServerApp
 from jupyter_ext.kernel_env import KernelEnv, KernelPort, direct_url
 from jupyter_ext.keys import KEY_FILE, Keys, load_or_create_key
@@ -31,7 +31,9 @@ ROUTES = [
     (r"mlx/v1/messages", handlers.MessagesHandler),
     (r"mlx/v1/messages/count_tokens", handlers.CountTokensHandler),
     (r"mlx/v1/responses", handlers.ResponsesHandler),
+    (r"mlx/v1/(tokenize|detokenize|apply-template)", handlers.TokensHandler),
     (r"mlx/v1/status", monitor.StatusHandler),
+    (r"mlx/v1/metrics", metrics.MetricsHandler),
     (r"mlx/v1/cache", monitor.CacheHandler),
     (r"mlx/v1/events", monitor.EventsHandler),
     (r"mlx/v1/health", monitor.HealthHandler),
@@ -134,6 +136,9 @@ class MLXExtension(ExtensionApp):
     backend_model = Unicode(
         "", help="The model name to ask backend_url for (empty: the first it lists, or its default)."
     ).tag(config=True)
+    metrics_unauthenticated = Bool(
+        False, help="Serve mlx/v1/metrics without the mlx API key (for a local Prometheus scraper).",
+    ).tag(config=True)
     stream_keepalive_s = Float(
         15.0, help="While a stream waits for its first token (a long prompt being read), an SSE comment this often.",
     ).tag(config=True)
@@ -149,6 +154,7 @@ class MLXExtension(ExtensionApp):
         self.engine = None
         self.remote = None
         self.event_queues: set = set()  # live /events streams, woken when the extension stops
+        self.request_counts = metrics.RequestCounts()  # finished requests, for /metrics
         self.keys = Keys(list(self.api_keys), self._generated_key())
         self.kernel_env, self.kernel_port = KernelEnv(), KernelPort()
         self.kernel_env.publish(direct_url(self.serverapp), self.keys.kernel_key)  # the port may move: see start

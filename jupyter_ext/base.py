@@ -112,6 +112,12 @@ class MLXHandler(ExtensionHandlerMixin, APIHandler):
     def write_json(self, body: Any) -> None:
         self.finish(json.dumps(body, ensure_ascii=False))
 
+    def on_finish(self) -> None:
+        """Count the finished request for /metrics (jupyter_ext/metrics.py)."""
+        counts = getattr(self.ext, "request_counts", None)
+        if counts is not None:
+            counts.finished(self.request.path, self.get_status(), bool(getattr(self, "gone", False)))
+
     def log_exception(self, typ, value, tb) -> None:
         if isinstance(value, (APIError, RequestError)):  # the client's mistake: no traceback
             self.log.info("mlx: %s %s -> %s", self.request.method, self.request.path, value)

@@ -241,3 +241,19 @@ class CountTokensHandler(ProxyMixin, MLXHandler):
                                          defaults=self.ext.server_defaults())
         count = await asyncio.to_thread(engine.count_tokens, **count_tokens_kwargs(req))
         self.write_json({"input_tokens": count})
+
+
+class TokensHandler(MLXHandler):
+    """llama-server's tokenizer routes: `tokenize`, `detokenize`, `apply-template` (api/tokens.py)."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, which: str):
+        from mlx_nb.api import tokens
+
+        parse, body = {"tokenize": (tokens.TokenizeRequest, tokens.tokenize_body),
+                       "detokenize": (tokens.DetokenizeRequest, tokens.detokenize_body),
+                       "apply-template": (tokens.ApplyTemplateRequest, tokens.apply_template_body)}[which]
+        engine = self.ready_engine()
+        req = tokens.parse(parse, self.request.body)
+        self.write_json(await asyncio.to_thread(body, req, engine))

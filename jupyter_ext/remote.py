@@ -109,6 +109,9 @@ class RemoteEngine:
             body["tools"] = kw["tools"]
         if kw.get("constraint") is not None:  # the backend enforces it, if it can
             body.update(kw["constraint"].wire())
+        for key in ("chat_template_kwargs", "reasoning_budget"):  # a thinking model's switches, as llama-server takes them
+            if kw.get(key) not in (None, {}):
+                body[key] = kw[key]
         resp = await self.open("POST", "chat/completions" if chat else "completions", body)
         if resp.status_code >= 400:
             raise await backend_error(resp, self.url)
@@ -142,8 +145,9 @@ async def _relay(resp: httpx.Response, handle: RequestHandle) -> None:
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
                 text = delta.get("content") if "delta" in choice else choice.get("text")
-                if text:
-                    handle.push(Delta(handle.id, text=text))
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")  # vLLM's and llama-server's
+                if text or reasoning:
+                    handle.push(Delta(handle.id, text=text or "", reasoning=reasoning or ""))
                 for tc in delta.get("tool_calls") or []:
                     call = calls.setdefault(tc.get("index", len(calls)), {"name": "", "arguments": ""})
                     fn = tc.get("function") or {}

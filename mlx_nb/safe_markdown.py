@@ -69,9 +69,20 @@ def safe_markdown(text: str) -> str:
     return "\n".join(out)
 
 
-def markdown_bundle(text: str) -> dict:
-    """A display bundle for model text: safe Markdown, and the raw text for plain frontends."""
-    return {"text/markdown": safe_markdown(text), "text/plain": text}
+def markdown_bundle(text: str, reasoning: str = "", done: bool = False) -> dict:
+    """A display bundle for model text: safe Markdown, and the raw text for plain frontends.
+
+    A thinking model's `reasoning` is folded above the answer (a `<details>` of ours around the
+    escaped reasoning): open while it is the part streaming (no answer yet and not `done`), closed
+    once the answer comes or the reply ends."""
+    bundle = {"text/markdown": safe_markdown(text), "text/plain": text}
+    if not reasoning:
+        return bundle
+    opened = " open" if not text and not done else ""
+    fold = (f"<details{opened} class='mlx-nb-thinking'><summary>Thinking</summary>\n\n"
+            f"{safe_markdown(reasoning)}\n\n</details>\n\n")
+    plain = f"Thinking:\n{reasoning}" + (f"\n\n{text}" if text else "")
+    return {"text/markdown": fold + bundle["text/markdown"], "text/plain": plain}
 
 
 def _fence_end(lines: list[str], start: int, fence: str) -> int:

@@ -71,12 +71,15 @@ export interface ChatMessage {
 
 /**
  * A streamed chat through the chat completions route: `onText` gets each piece of the answer as
- * it comes. Aborting `signal` closes the stream, which aborts the request on the server.
+ * it comes, `onReasoning` each piece of a thinking model's reasoning (it streams first, as
+ * `delta.reasoning_content`). Aborting `signal` closes the stream, which aborts the request on
+ * the server.
  */
 export async function streamChat(
   messages: ChatMessage[],
   onText: (piece: string) => void,
-  signal: AbortSignal
+  signal: AbortSignal,
+  onReasoning: (piece: string) => void = () => undefined
 ): Promise<string | null> {
   const init: RequestInit = {
     method: 'POST',
@@ -112,6 +115,9 @@ export async function streamChat(
           throw new Error(chunk.error.message ?? 'generation failed'); // an engine error mid-stream
         }
         for (const choice of chunk.choices ?? []) {
+          if (choice.delta?.reasoning_content) {
+            onReasoning(choice.delta.reasoning_content);
+          }
           if (choice.delta?.content) {
             onText(choice.delta.content);
           }

@@ -117,22 +117,29 @@ export class ChatBox {
     let text = '';
     let shown = 0;
     let reason: string | null = null;
+    const thinking = new Thinking(answer);
+    const body = document.createElement('div');
+    answer.replaceChildren(body);
+    body.textContent = '…';
     try {
       reason = await streamChat(
         messages,
         piece => {
           text += piece;
+          thinking.answered();
           if (Date.now() - shown > RENDER_MS) {
             shown = Date.now();
-            void this.render(answer, text);
+            void this.render(body, text);
           }
         },
-        this.running.signal
+        this.running.signal,
+        piece => thinking.add(piece)
       );
     } catch (err) {
       reason = this.running.signal.aborted ? 'stopped' : `error: ${(err as Error).message}`;
     }
-    await this.render(answer, text);
+    thinking.answered();
+    await this.render(body, text);
     answer.dataset.finish = reason ?? 'stop';
     const footer = document.createElement('div');
     footer.className = 'mlx-nb-Chat-footer';
@@ -143,6 +150,41 @@ export class ChatBox {
     this.running = null;
     this.send.disabled = false;
     this.stop.disabled = true;
+  }
+}
+
+/**
+ * A thinking model's reasoning, shown above the answer as a collapsible "Thinking" part: open
+ * while the reasoning streams, closed once the answer starts (a click opens it again). Shown as
+ * plain text: it is model output, and nothing in it is rendered.
+ */
+class Thinking {
+  private details: HTMLDetailsElement | null = null;
+  private text = document.createElement('div');
+  private closed = false;
+
+  constructor(private answer: HTMLElement) {}
+
+  add(piece: string): void {
+    if (this.details === null) {
+      this.details = document.createElement('details');
+      this.details.className = 'mlx-nb-Chat-thinking';
+      this.details.open = true;
+      const summary = document.createElement('summary');
+      summary.textContent = 'Thinking';
+      this.text.className = 'mlx-nb-Chat-thinking-text';
+      this.details.append(summary, this.text);
+      this.answer.prepend(this.details);
+    }
+    this.text.textContent += piece;
+  }
+
+  /** The answer has started (or the reply ended): fold the reasoning away, once. */
+  answered(): void {
+    if (this.details !== null && !this.closed) {
+      this.closed = true;
+      this.details.open = false;
+    }
   }
 }
 

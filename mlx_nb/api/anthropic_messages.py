@@ -34,6 +34,7 @@ from mlx_nb.api.request_common import (
     WireModel,
     parse_request,
     generation_kwargs,
+    reasoning_kwargs,
     stop_list,
 )
 from mlx_nb.api.tool_calls import ToolParser, anthropic_tool_use, split_tool_calls
@@ -109,6 +110,8 @@ class Block(WireModel):
     tool_use_id: Optional[str] = None
     content: Union[str, list["Block"], None] = None
     is_error: Optional[bool] = None
+    thinking: Optional[str] = None  # a thinking block's reasoning (sent back in a conversation's history)
+    signature: Optional[str] = None
 
     @model_validator(mode="after")
     def _required(self) -> "Block":
@@ -212,6 +215,14 @@ class CountTokensRequest(WireModel):
         ]
 
 
+class Thinking(WireModel):
+    """Extended thinking: `{"type": "enabled", "budget_tokens": N}` closes the reasoning after N
+    tokens; `{"type": "disabled"}` asks the template for none (`enable_thinking=False`)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Optional[int] = Field(None, ge=0)
+
+
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
     stop_sequences: Optional[list[str]] = None
@@ -219,6 +230,7 @@ class MessagesRequest(CountTokensRequest):
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=0)
     stream: bool = False
+    thinking: Optional[Thinking] = None
 
 
 def parse_messages_request(
@@ -253,6 +265,9 @@ def messages_engine_kwargs(req: MessagesRequest, defaults: ServerDefaults = Serv
     kwargs.update(generation_kwargs(defaults, req.max_tokens, kwargs))
     kwargs["logprobs"] = 0
     kwargs["tools"] = req.openai_tools()
+    if req.thinking is not None:
+        enabled = req.thinking.type != "disabled"
+        kwargs.update(reasoning_kwargs(req, budget=req.thinking.budget_tokens if enabled else None, enabled=enabled))
     return kwargs
 
 
@@ -281,7 +296,8 @@ def anthropic_message(
     if result.finish_reason == "error":
         raise server_error(result.error or "generation failed")
     text = result.text if content is None else content
-    blocks: list[dict] = [{"type": "text", "text": text}] if text.strip() or not tool_calls else []
+    blocks: list[dict] = [thinking_block(result.reasoning)] if result.reasoning else []
+    blocks += [{"type": "text", "text": text}] if text.strip() or not tool_calls else []
     blocks += [anthropic_tool_use(c) for c in tool_calls or []]
     reason = stop_reason(result.finish_reason, tool_use=bool(tool_calls), matched_stop=matched_stop)
     return {
@@ -344,10 +360,19 @@ def _user_turn(content: Union[str, list[Block]]) -> list[dict]:
     return tool_msgs + [{"role": "user", "content": parts[0]["text"] if single_text else parts}]
 
 
+def thinking_block(reasoning: str) -> dict:
+    """A thinking model's reasoning as Anthropic's thinking block. Its `signature` vouches for
+    nothing (Anthropic's servers sign their own); clients only send it back."""
+    return {"type": "thinking", "thinking": reasoning, "signature": ""}
+
+
 def _assistant_turn(content: Union[str, list[Block]]) -> dict:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(b.text for b in content if b.type == "text")}
+    thinking = "".join(b.thinking or "" for b in content if b.type == "thinking")
+    if thinking:
+        msg["reasoning_content"] = thinking
     calls = [
         {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input or {}}}
         for b in content

@@ -1,7 +1,8 @@
 """Engine Deltas -> Anthropic Messages stream events.
 
 Event order: message_start; per content block content_block_start, content_block_delta(s),
-content_block_stop (a `ping` after the first block starts, as Anthropic's own server does);
+content_block_stop (a `ping` after the first block starts, as Anthropic's own server does); a
+thinking model's reasoning first, as a `thinking` block (thinking_delta, then a signature_delta);
 message_delta (stop_reason, stop_sequence, usage); message_stop. `start(input_tokens)` gives
 message_start as soon as the request is admitted, with the prompt's real token count (the cache
 split is known only later: message_delta carries the final counts, which the anthropic SDK
@@ -46,6 +47,7 @@ class MessagesStream:
         self.done = False
         self.index = 0  # index of the next content block
         self.text_open = False
+        self.thinking_open = False
         self.pinged = False
         self.tool_used = False
 
@@ -80,10 +82,13 @@ class MessagesStream:
             self.done = True
             out.append(error_event(delta.error or "generation failed"))
             return out
+        if delta.reasoning:
+            out.extend(self._thinking(delta.reasoning))
         pieces = self.splitter.feed(delta.text)
         if delta.finish_reason is not None:
             pieces += self.splitter.finish()
         for kind, value in pieces:
+            out.extend(self._close_thinking())
             out.extend(self._text(value) if kind == "text" else self._tool(value))
         if delta.finish_reason is not None:
             out.extend(self._finish(delta, matched_stop))
@@ -115,8 +120,21 @@ class MessagesStream:
     def _block_stop(self) -> Event:
         event = ("content_block_stop", {"type": "content_block_stop", "index": self.index})
         self.index += 1
-        self.text_open = False
+        self.text_open = self.thinking_open = False
         return event
+
+    def _thinking(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        if not self.thinking_open:
+            out.extend(self._block_start({"type": "thinking", "thinking": "", "signature": ""}))
+            self.thinking_open = True
+        out.append(self._block_delta({"type": "thinking_delta", "thinking": text}))
+        return out
+
+    def _close_thinking(self) -> list[Event]:
+        if not self.thinking_open:
+            return []
+        return [self._block_delta({"type": "signature_delta", "signature": ""}), self._block_stop()]
 
     def _text(self, text: str) -> list[Event]:
         out: list[Event] = []
@@ -141,7 +159,7 @@ class MessagesStream:
 
     def _finish(self, delta: Delta, matched_stop: Optional[str]) -> list[Event]:
         self.done = True
-        out: list[Event] = [self._block_stop()] if self.text_open else []
+        out: list[Event] = self._close_thinking() + ([self._block_stop()] if self.text_open else [])
         reason = stop_reason(delta.finish_reason, tool_use=self.tool_used, matched_stop=matched_stop)
         out.append(
             (

@@ -39,8 +39,10 @@ from mlx_nb.api.openai_common import (
     json_error,
 )
 from mlx_nb.api.request_common import (
+    ReasoningFields,
     SamplingFields,
     constraint_kwargs,
+    reasoning_kwargs,
     ServerDefaults,
     WireModel,
     parse_request,
@@ -119,6 +121,8 @@ class Message(WireModel):
     name: Optional[str] = None
     tool_calls: Optional[list[ToolCall]] = None
     tool_call_id: Optional[str] = None
+    reasoning_content: Optional[str] = None  # an earlier turn's reasoning (what this route answers with)
+    reasoning: Optional[str] = None  # the same, as some clients name it
 
     @model_validator(mode="after")
     def _content_present(self) -> "Message":
@@ -148,7 +152,7 @@ class StreamOptions(WireModel):
     include_usage: bool = False
 
 
-class ChatRequest(SamplingFields):
+class ChatRequest(SamplingFields, ReasoningFields):
     model: Optional[str] = None
     messages: list[Message]
     max_tokens: Optional[int] = Field(None, ge=1)
@@ -221,6 +225,7 @@ def chat_engine_kwargs(req: ChatRequest, defaults: ServerDefaults = ServerDefaul
     kwargs.update(generation_kwargs(defaults, req.budget, kwargs))
     kwargs["logprobs"] = engine_logprobs(bool(req.logprobs), req.top_logprobs)
     kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools] if req.wants_tools else None
+    kwargs.update(reasoning_kwargs(req))
     return kwargs
 
 
@@ -267,6 +272,8 @@ def _choice(
         raise server_error(result.error or "generation failed")
     text = result.text if content is None else content
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if result.reasoning:  # a thinking model's reasoning, apart from the answer (as vLLM and llama-server)
+        message["reasoning_content"] = result.reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
         if not text.strip():

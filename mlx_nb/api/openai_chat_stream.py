@@ -1,7 +1,8 @@
 """Engine Deltas -> OpenAI `chat.completion.chunk` dicts, one translator object per stream.
 
 Sequence: a first chunk with `role: "assistant"` (sent by `start()` as soon as the request is
-admitted, before the prompt is read, or else with the first delta); content chunks; tool calls as whole
+admitted, before the prompt is read, or else with the first delta); a thinking model's reasoning as
+`delta.reasoning_content` chunks; content chunks; tool calls as whole
 `delta.tool_calls` entries (index, id, type, function{name, arguments}) once their end marker
 arrives — markup is never sent as content; a last chunk with `finish_reason` (and an empty
 delta); with `include_usage`, one more chunk with `choices: []` and `usage`.
@@ -102,6 +103,8 @@ class ChatStream:
             out.append(error_chunk(delta.error or "generation failed"))
             return out
         self.logprobs.extend(delta.logprobs)
+        if delta.reasoning:  # a thinking model's reasoning streams as its own field, before the answer
+            out.append(self._chunk({"reasoning_content": delta.reasoning}))
         pieces = self.splitter.feed(delta.text)
         if delta.finish_reason is not None:
             pieces += self.splitter.finish()

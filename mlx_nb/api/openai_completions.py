@@ -99,6 +99,7 @@ def completion_engine_kwargs(req: CompletionRequest, defaults: ServerDefaults = 
     kwargs["logprobs"] = engine_logprobs(req.logprobs is not None, req.logprobs)
     kwargs["tools"] = None
     kwargs["suffix"] = req.suffix or None
+    kwargs["split_reasoning"] = False  # a raw completion: the text as the model wrote it
     return kwargs
 
 

@@ -15,8 +15,13 @@ this server runs none: they are dropped, and the response's `warnings` (and the 
 clients such as Codex list them by default; a `tool_choice` that demands one is a 400.
 A namespaced function reaches the model under its own name (`ns__name` where two namespaces share
 one), and its calls come back as `function_call` items naming the `namespace`, as OpenAI's do.
-`reasoning` items, `store`, `metadata`, `include`, `truncation` are accepted and ignored. The
-stream translator is `openai_responses_stream.py`.
+A thinking model's reasoning comes back as a `reasoning` item (its whole text as `reasoning_text`
+content) before the message, streamed as `response.reasoning_text.delta` events; `reasoning.effort`
+reaches the chat template as `reasoning_effort`, and `reasoning` items sent back in a conversation
+go to the template with their turn. `include: ["message.output_text.logprobs"]` (with
+`top_logprobs` alternatives) returns the tokens' logprobs on the output text, as OpenAI does, streamed
+with each text delta. `store`, `metadata`, other `include` values and `truncation` are accepted and
+ignored. The stream translator is `openai_responses_stream.py`.
 """
 
 from __future__ import annotations
@@ -30,13 +35,17 @@ from pydantic import Field, field_validator, model_validator
 
 from mlx_nb.api.errors import invalid_request, server_error
 from mlx_nb.api.ids import new_call_id, prefixed_id
+from mlx_nb.api.openai_common import chat_logprobs
 from mlx_nb.api.openai_chat import ResponseFormat, json_instruction
 from mlx_nb.api.request_common import (
     ServerDefaults,
     WireModel,
     constraint_kwargs,
+    engine_logprobs,
     parse_request,
     generation_kwargs,
+    reasoning_kwargs,
+    ReasoningFields,
 )
 from mlx_nb.api.tool_calls import ToolParser, split_tool_calls
 from mlx_nb.engine.types import Result, Usage
@@ -45,7 +54,8 @@ log = logging.getLogger("mlx_nb.api")
 
 
 class Part(WireModel):
-    type: Literal["input_text", "output_text", "text", "input_image", "refusal", "input_file"]
+    type: Literal["input_text", "output_text", "text", "input_image", "refusal", "input_file", "reasoning_text",
+                  "summary_text"]
     text: Optional[str] = None
     image_url: Optional[str] = None
     file_id: Optional[str] = None
@@ -73,6 +83,7 @@ class Item(WireModel):
     namespace: Optional[str] = None  # a call to a namespace tool's function
     arguments: Optional[str] = None
     output: Union[str, list[Part], None] = None
+    summary: Optional[list[Part]] = None  # a reasoning item's summary (its content holds the reasoning text)
 
     @model_validator(mode="after")
     def _required(self) -> "Item":
@@ -142,8 +153,14 @@ class TextConfig(WireModel):
     format: Optional[TextFormat] = None
 
 
-class ResponsesRequest(WireModel):
+class ReasoningConfig(WireModel):
+    effort: Optional[Literal["minimal", "low", "medium", "high"]] = None
+    summary: Optional[str] = None  # accepted; the reasoning is returned whole, not summarised
+
+
+class ResponsesRequest(ReasoningFields):
     model: Optional[str] = None
+    reasoning: Optional[ReasoningConfig] = None
     input: Union[str, list[Item]]
     instructions: Optional[str] = None
     max_output_tokens: Optional[int] = Field(None, ge=1)
@@ -155,6 +172,8 @@ class ResponsesRequest(WireModel):
     stream: bool = False
     previous_response_id: Optional[str] = None
     seed: Optional[int] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    include: Optional[list[str]] = None  # "message.output_text.logprobs" asks for the tokens' logprobs
 
     @field_validator("input", mode="before")
     @classmethod
@@ -203,6 +222,16 @@ class ResponsesRequest(WireModel):
                 for t in self.tools or [] if t.hosted]
 
     @property
+    def wants_logprobs(self) -> bool:
+        return "message.output_text.logprobs" in (self.include or [])
+
+    def wire_logprobs(self, logprobs: list) -> list[dict]:
+        """The output text's `logprobs`: the chat shape's entries, alternatives trimmed to `top_logprobs`."""
+        if not self.wants_logprobs:
+            return []
+        return (chat_logprobs(logprobs, self.top_logprobs or 0) or {}).get("content", [])
+
+    @property
     def wants_tools(self) -> bool:
         return bool(self.functions) and self.tool_choice != "none"
 
@@ -237,14 +266,15 @@ def responses_engine_kwargs(req: ResponsesRequest, defaults: ServerDefaults = Se
     items = [Item(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     for item in items:
         _add_item(messages, item, req)
-    kwargs: dict[str, Any] = {"messages": messages, "stop": []}
+    kwargs: dict[str, Any] = {"messages": _merge_reasoning_turns(messages), "stop": []}
     for name in ("top_p", "temperature", "seed"):
         if (value := getattr(req, name)) is not None:
             kwargs[name] = value
     kwargs.update(constraint_kwargs(req, req.text_format))
     kwargs.update(generation_kwargs(defaults, req.max_output_tokens, kwargs))
-    kwargs["logprobs"] = 0
+    kwargs["logprobs"] = engine_logprobs(req.wants_logprobs, req.top_logprobs)
     kwargs["tools"] = req.chat_tools()
+    kwargs.update(reasoning_kwargs(req, effort=req.reasoning.effort if req.reasoning else None))
     return kwargs
 
 
@@ -263,7 +293,25 @@ def _add_item(messages: list[dict], item: Item, req: ResponsesRequest) -> None:
     elif item.type == "function_call_output":
         out = item.output if isinstance(item.output, str) else _text(item.output)
         messages.append({"role": "tool", "tool_call_id": item.call_id, "content": out})
-    # reasoning items: the engine's templates do not take them back
+    elif item.type == "reasoning":  # an earlier turn's reasoning: on the assistant turn it precedes
+        parts = item.content if isinstance(item.content, list) else []
+        text = _text(parts) or _text(item.summary or [])
+        if text:
+            messages.append({"role": "assistant", "content": "", "reasoning_content": text})
+
+
+def _merge_reasoning_turns(messages: list[dict]) -> list[dict]:
+    """An assistant turn that holds only reasoning takes the next assistant turn's content and calls
+    (the Responses API sends a turn's reasoning, message and calls as separate items)."""
+    out: list[dict] = []
+    for m in messages:
+        prev = out[-1] if out else None
+        if (prev is not None and m["role"] == "assistant" and prev["role"] == "assistant"
+                and prev.get("reasoning_content") and not prev["content"] and not prev.get("tool_calls")):
+            out[-1] = {**m, "reasoning_content": prev["reasoning_content"]}
+        else:
+            out.append(m)
+    return out
 
 
 def _arguments(raw: str, call_id: str) -> dict:
@@ -297,13 +345,21 @@ def responses_usage(usage: Optional[Usage]) -> dict:
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": u.cached_tokens},
         "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},  # counted with the output tokens
         "total_tokens": u.total_tokens,
     }
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "new" else []
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+    """A thinking model's reasoning as a Responses `reasoning` item (whole, not summarised)."""
+    content = [{"type": "reasoning_text", "text": text}] if status != "new" else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content,
+            "status": "in_progress" if status == "new" else status}
+
+
+def message_item(item_id: str, text: str, status: str = "completed", logprobs: Optional[list[dict]] = None) -> dict:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}] \
+        if status != "new" else []
     return {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress" if status == "new"
             else status, "content": content}
 
@@ -376,7 +432,9 @@ def responses_response(
     text, calls = result.text, []
     if req.wants_tools:
         text, calls = split_tool_calls(result.text, req.chat_tools(), tool_parser, tool_markers)
-    output = [message_item(prefixed_id("msg_", result.request_id), text)] if text.strip() or not calls else []
+    output = [reasoning_item(prefixed_id("rs_", result.request_id), result.reasoning)] if result.reasoning else []
+    output += [message_item(prefixed_id("msg_", result.request_id), text, logprobs=req.wire_logprobs(result.logprobs))
+               ] if text.strip() or not calls else []
     output += [function_call_item(req.wire_call(c)) for c in calls]
     return response_object(req, response_id=prefixed_id("resp_", result.request_id), model=model, created=created,
                            output=output, status=responses_status(result.finish_reason), usage=result.usage)

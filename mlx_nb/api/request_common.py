@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, TypeVar, Union, get_args
+from typing import Any, Iterable, Literal, Optional, TypeVar, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -211,6 +211,39 @@ class SamplingFields(WireModel):
 
 
 CONSTRAINT_FIELDS = ("json_schema", "grammar", "guided_json", "guided_regex", "guided_grammar")
+
+
+class ReasoningFields(WireModel):
+    """A thinking model's switches, as the peers take them: the chat template's own arguments
+    (`{"enable_thinking": false}`), OpenAI's `reasoning_effort` (gpt-oss's templates read it), and a
+    budget of reasoning tokens after which the reasoning is closed (llama-server's reasoning budget;
+    `thinking_budget` is accepted too)."""
+
+    chat_template_kwargs: Optional[dict] = None
+    reasoning_effort: Optional[Literal["minimal", "low", "medium", "high"]] = None
+    reasoning_budget: Optional[int] = Field(None, ge=0)
+    thinking_budget: Optional[int] = Field(None, ge=0)
+
+
+def reasoning_kwargs(req: Any, effort: Optional[str] = None, budget: Optional[int] = None,
+                     enabled: Optional[bool] = None) -> dict[str, Any]:
+    """Engine kwargs for a request's reasoning switches (`effort`, `budget`, `enabled`: what a route
+    names otherwise, as Anthropic's `thinking` and the Responses API's `reasoning` do)."""
+    template = dict(getattr(req, "chat_template_kwargs", None) or {})
+    effort = effort or getattr(req, "reasoning_effort", None)
+    if effort is not None:
+        template.setdefault("reasoning_effort", effort)
+    if enabled is not None:
+        template.setdefault("enable_thinking", enabled)
+    if budget is None:
+        budget = next((v for v in (getattr(req, "reasoning_budget", None), getattr(req, "thinking_budget", None))
+                       if v is not None), None)
+    out: dict[str, Any] = {}
+    if template:
+        out["chat_template_kwargs"] = template
+    if budget is not None:
+        out["reasoning_budget"] = budget
+    return out
 
 
 def constraint_kwargs(req: Any, response_format: Any = None) -> dict[str, Any]:

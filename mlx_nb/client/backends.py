@@ -76,7 +76,7 @@ class _Embedded:
             st._restart_clock()
         handle = eng.submit(messages=messages, **params)
         st._opened(handle.id, handle.abort, drains=True)
-        return ((d.text, d.finish_reason, _usage(d.usage), d.error) for d in handle)
+        return ((d.text, d.finish_reason, _usage(d.usage), d.error, d.reasoning) for d in handle)
 
     async def aopen(self, st: AsyncChatStream, messages: list, params: dict, wait: LoadWait):
         st.model = st.model or self.default_model()
@@ -88,7 +88,7 @@ class _Embedded:
         handle = await asyncio.to_thread(eng.submit, messages=messages, **params)
         st._opened(handle.id, handle.abort, drains=True)
         async for d in handle:
-            yield d.text, d.finish_reason, _usage(d.usage), d.error
+            yield d.text, d.finish_reason, _usage(d.usage), d.error, d.reasoning
 
 
 @contextmanager
@@ -197,6 +197,9 @@ class _Remote:
     @staticmethod
     def _request(st: _Stream, messages: list, params: dict) -> dict:
         extra = {k: params[k] for k in ("top_p", "stop", "seed", "response_format") if params.get(k) is not None}
+        body = {k: params[k] for k in ("chat_template_kwargs", "reasoning_budget") if params.get(k) is not None}
+        if body:  # fields the openai SDK does not name: the server reads them from the body
+            extra["extra_body"] = body
         return dict(model=st.model, messages=messages, stream=True, stream_options={"include_usage": True},
                     max_tokens=params["max_tokens"], temperature=params["temperature"], **extra)
 
@@ -205,8 +208,10 @@ class _Remote:
         if st.request_id is None and getattr(chunk, "id", None):
             st._set_id(chunk.id.removeprefix("chatcmpl-"))  # the engine's id, as events and status name it
         choice = chunk.choices[0] if chunk.choices else None
-        text = (choice.delta.content or "") if choice is not None and choice.delta is not None else ""
-        return text, choice.finish_reason if choice is not None else None, _usage(chunk.usage), None
+        delta = choice.delta if choice is not None else None
+        text = (delta.content or "") if delta is not None else ""
+        reasoning = (getattr(delta, "reasoning_content", None) or "") if delta is not None else ""
+        return text, choice.finish_reason if choice is not None else None, _usage(chunk.usage), None, reasoning
 
     def load_status(self) -> dict:
         """The status route's answer (it answers while the model loads), or what little we know."""

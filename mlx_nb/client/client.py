@@ -96,34 +96,44 @@ class Client:
 
     # -- chat ---------------------------------------------------------------------------------
     @staticmethod
-    def _params(max_tokens, temperature, top_p, stop, seed, response_format=None) -> dict:
+    def _params(max_tokens, temperature, top_p, stop, seed, response_format=None, thinking=None,
+                reasoning_budget=None) -> dict:
         out = dict(max_tokens=max_tokens, temperature=temperature, top_p=1.0 if top_p is None else top_p,
                    stop=stop, seed=seed, source=request_source())
         fmt = response_format_of(response_format)
         if fmt is not None:
             out["response_format"] = fmt
+        if thinking is not None:  # a thinking model's template switch (Qwen3's enable_thinking)
+            out["chat_template_kwargs"] = {"enable_thinking": bool(thinking)}
+        if reasoning_budget is not None:
+            out["reasoning_budget"] = reasoning_budget
         return out
 
     def stream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
                stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
-               progress: Optional[Progress] = None, response_format: Any = None) -> ChatStream:
+               progress: Optional[Progress] = None, response_format: Any = None, thinking: Optional[bool] = None,
+               reasoning_budget: Optional[int] = None) -> ChatStream:
         """Start a request (waiting for a loading model first); iterate the ChatStream for text chunks.
         `response_format` (a pydantic model class, a JSON schema dict, or OpenAI's response_format)
-        holds the answer to that schema token by token."""
+        holds the answer to that schema token by token. A thinking model's reasoning streams apart
+        (`stream.reasoning`, `reply.reasoning`); `thinking=False` asks its template for none and
+        `reasoning_budget` closes it after that many tokens."""
         messages = build_messages(messages_or_text, system, images)
-        params = self._params(max_tokens, temperature, top_p, stop, seed, response_format)
+        params = self._params(max_tokens, temperature, top_p, stop, seed, response_format, thinking, reasoning_budget)
         wait = self._wait(progress)
         return ChatStream(self, self.model_name(model), lambda st: self._backend.open(st, messages, params, wait))
 
     def chat(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
              max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None, stop: Any = None,
              seed: Optional[int] = None, stream: bool = False, model: Optional[str] = None,
-             progress: Optional[Progress] = None, response_format: Any = None):
-        """The whole ChatReply, or with stream=True a ChatStream of text chunks."""
+             progress: Optional[Progress] = None, response_format: Any = None, thinking: Optional[bool] = None,
+             reasoning_budget: Optional[int] = None):
+        """The whole ChatReply (`.text`, and a thinking model's `.reasoning`), or with stream=True a
+        ChatStream of text chunks."""
         st = self.stream(messages_or_text, system=system, images=images, max_tokens=max_tokens,
                          temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model, progress=progress,
-                         response_format=response_format)
+                         response_format=response_format, thinking=thinking, reasoning_budget=reasoning_budget)
         if stream:
             return st
         for _ in st:
@@ -133,10 +143,11 @@ class Client:
     def astream(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                 max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
                 stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
-                progress: Optional[Progress] = None, response_format: Any = None) -> AsyncChatStream:
+                progress: Optional[Progress] = None, response_format: Any = None, thinking: Optional[bool] = None,
+                reasoning_budget: Optional[int] = None) -> AsyncChatStream:
         """`async for chunk in client.astream(...)`: never blocks the event loop."""
         messages = build_messages(messages_or_text, system, images)
-        params = self._params(max_tokens, temperature, top_p, stop, seed, response_format)
+        params = self._params(max_tokens, temperature, top_p, stop, seed, response_format, thinking, reasoning_budget)
         wait = self._wait(progress)
         # the model may be resolved later, in aopen: asking a server for its models must not block the loop
         return AsyncChatStream(self, model or self.model, lambda st: self._backend.aopen(st, messages, params, wait))
@@ -144,11 +155,13 @@ class Client:
     async def achat(self, messages_or_text: Any, *, system: Optional[str] = None, images: Any = None,
                     max_tokens: int = 256, temperature: float = 0.0, top_p: Optional[float] = None,
                     stop: Any = None, seed: Optional[int] = None, model: Optional[str] = None,
-                    progress: Optional[Progress] = None, response_format: Any = None) -> ChatReply:
+                    progress: Optional[Progress] = None, response_format: Any = None,
+                    thinking: Optional[bool] = None, reasoning_budget: Optional[int] = None) -> ChatReply:
         """Awaitable chat; several at once (asyncio.gather) share the engine's batch."""
         st = self.astream(messages_or_text, system=system, images=images, max_tokens=max_tokens,
                           temperature=temperature, top_p=top_p, stop=stop, seed=seed, model=model,
-                          progress=progress, response_format=response_format)
+                          progress=progress, response_format=response_format, thinking=thinking,
+                          reasoning_budget=reasoning_budget)
         async for _ in st:
             pass
         return st.reply

@@ -35,6 +35,7 @@ class ChatReply:
     model: Optional[str] = None
     ttft_s: Optional[float] = None
     elapsed_s: Optional[float] = None
+    reasoning: str = ""  # a thinking model's reasoning, apart from the answer in `text`
 
     @property
     def tokens_per_s(self) -> Optional[float]:
@@ -68,6 +69,7 @@ class _Stream:
         self.error: Optional[str] = None
         self.aborted = False
         self._parts: list[str] = []
+        self._reasoning: list[str] = []
         self._abort_fn: Optional[Callable[[], Any]] = None
         self._drains = False  # True: after an abort the backend still sends a final piece (with usage)
         self._t0, self._t_first, self._t_end = time.perf_counter(), None, None
@@ -87,10 +89,13 @@ class _Stream:
         self.request_id = request_id
         self.client._live[request_id] = self
 
-    def _take(self, text: str, finish: Optional[str], usage: dict, error: Optional[str]) -> None:
+    def _take(self, text: str, finish: Optional[str], usage: dict, error: Optional[str], reasoning: str = "") -> None:
+        if reasoning:
+            self._reasoning.append(reasoning)
+        if text or reasoning:
+            self._t_first = self._t_first or time.perf_counter()
         if text:
             self._parts.append(text)
-            self._t_first = self._t_first or time.perf_counter()
         self.finish_reason = finish or self.finish_reason
         self.usage = usage or self.usage
         self.error = error or self.error
@@ -123,17 +128,23 @@ class _Stream:
         return "".join(self._parts)
 
     @property
+    def reasoning(self) -> str:
+        """A thinking model's reasoning so far (it streams before the answer)."""
+        return "".join(self._reasoning)
+
+    @property
     def reply(self) -> Optional[ChatReply]:
         """The whole reply once the stream has ended, else None."""
         if self._t_end is None:
             return None
         ttft = None if self._t_first is None else self._t_first - self._t0
         return ChatReply(self.text, self.finish_reason, self.usage, self.request_id, self.model,
-                         ttft, self._t_end - self._t0)
+                         ttft, self._t_end - self._t0, self.reasoning)
 
 
 class ChatStream(_Stream):
-    """Iterator of text chunks; `.abort()` from any thread; `.reply` once it has ended."""
+    """Iterator of text chunks (an empty one when only reasoning came: `.reasoning` grew); `.abort()`
+    from any thread; `.reply` once it has ended."""
 
     def __init__(self, client: Any, model: str, opener: Callable[["ChatStream"], Any]):
         super().__init__(client, model)
@@ -141,9 +152,9 @@ class ChatStream(_Stream):
 
     def _run(self, pieces):
         try:
-            for text, finish, usage, error in pieces:
-                self._take(text, finish, usage, error)
-                if text:
+            for text, finish, usage, error, reasoning in pieces:
+                self._take(text, finish, usage, error, reasoning)
+                if text or reasoning:  # a reasoning piece yields "": readers see `.reasoning` grow
                     yield text
                 if self.aborted and not self._drains:
                     break
@@ -176,9 +187,9 @@ class AsyncChatStream(_Stream):
 
     async def _run(self, pieces):
         try:
-            async for text, finish, usage, error in pieces:
-                self._take(text, finish, usage, error)
-                if text:
+            async for text, finish, usage, error, reasoning in pieces:
+                self._take(text, finish, usage, error, reasoning)
+                if text or reasoning:
                     yield text
                 if self.aborted and not self._drains:
                     break

@@ -28,6 +28,8 @@ from mlx_nb.engine.loop import EngineClosedError, EngineLoop
 from mlx_nb.engine.messages import normalize_messages
 from mlx_nb.engine.prefix import segment_boundaries
 from mlx_nb.engine.prompts import chat_tool_format, encode_prompt, render_chat
+from mlx_nb.engine.reasoning import reasoning_format
+from mlx_nb.engine.thinking import Thinking
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
 from mlx_nb.engine.types import ContextOverflowError, Request, RequestError, SamplingParams
@@ -184,6 +186,8 @@ class Engine:
         response_format: Optional[dict] = None,
         constraint: Optional[Constraint] = None,
         chat_template_kwargs: Optional[dict] = None,
+        reasoning_budget: Optional[int] = None,
+        split_reasoning: bool = True,
         request_id: Optional[str] = None,
         source: Optional[str] = None,
         suffix: Optional[str] = None,
@@ -201,6 +205,10 @@ class Engine:
         carry it, with the prompt's first words, so a timeline can say which lane is whose.
         `suffix` with a `prompt` asks what goes between them (fill-in-the-middle), for a model whose
         tokenizer has FIM tokens (`status()["fill_in_the_middle"]`); for others it is a RequestError.
+        A thinking model's reasoning streams apart from its answer (`Delta.reasoning`; its format is
+        `status()["reasoning"]`); stop strings and a constraint apply to the answer only, and
+        `reasoning_budget` closes the reasoning after that many tokens. `split_reasoning=False` keeps
+        the reply as the model wrote it, markers and all (a raw completion).
         """
         self._check_open()
         self.wait_ready()
@@ -250,14 +258,24 @@ class Engine:
         if sampler is not None and not callable(sampler):
             raise RequestError("sampler must be a function of the log-probabilities", "sampler")
         constraint = constraint or from_request(response_format)
+        thinking = Thinking.of(self._reasoning_format(loaded), loaded.tokenizer, tokens) if split_reasoning else None
+        if reasoning_budget is not None:
+            if not isinstance(reasoning_budget, int) or isinstance(reasoning_budget, bool) or reasoning_budget < 0:
+                raise RequestError("reasoning_budget must be a non-negative integer (reasoning tokens)",
+                                   "reasoning_budget")
+            if thinking is not None:
+                logits_processors = [*(logits_processors or []), thinking.budget(reasoning_budget)]
         if constraint is not None:  # last: after bias and penalties, nothing can lift what it masks
-            logits_processors = [*(logits_processors or []), processor_for(loaded, constraint)]
+            processor = processor_for(loaded, constraint)  # compiled here: a bad grammar fails the submit
+            if thinking is not None:  # the answer only: the reasoning is free text
+                processor = thinking.answer_only(lambda: processor_for(loaded, constraint), processor)
+            logits_processors = [*(logits_processors or []), processor]
         handle = RequestHandle(rid, self._loop.abort, prompt_tokens=len(tokens), max_tokens=sampling.max_tokens)  # the loop, not self: a handle never pins an Engine
         live = LiveRequest(
             request=request,
             handle=handle,
             prompt_tokens=tokens,
-            stream=TextStream(loaded.tokenizer, sampling.stop),
+            stream=TextStream(loaded.tokenizer, sampling.stop, thinking.split() if thinking is not None else None),
             logits_processors=list(logits_processors or []),
             sampler=sampler,
             images=images,
@@ -265,6 +283,37 @@ class Engine:
         )
         self._loop.submit(live)
         return handle
+
+    def _reasoning_format(self, loaded):
+        """The loaded model's reasoning markers (engine/reasoning.py), found once per model."""
+        if getattr(self, "_reasoning_of", None) is not loaded:
+            self._reasoning_of, self._reasoning = loaded, reasoning_format(loaded.tokenizer)
+        return self._reasoning
+
+    # -- the tokenizer, as llama-server's routes expose it (no MLX: any thread) --------------------
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        return list(self._ready_loaded().tokenizer.encode(text, add_special_tokens=add_special))
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._ready_loaded().tokenizer.decode(list(tokens))
+
+    def apply_template(self, messages: list, tools: Optional[list] = None,
+                       chat_template_kwargs: Optional[dict] = None) -> str:
+        """The prompt text `submit(messages=...)` would read (the template, tools and all)."""
+        return render_chat(self._ready_loaded().tokenizer, normalize_messages(messages), tools,
+                           dict(chat_template_kwargs or {}), True)
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        return self._ready_loaded().vocab_size
+
+    def _ready_loaded(self):
+        self._check_open()
+        self.wait_ready()
+        loaded = self.loaded
+        if loaded is None:
+            raise EngineClosedError("the engine has stopped: create a new Engine")
+        return loaded
 
     def count_tokens(self, messages: Optional[list] = None, prompt: Optional[str] = None,
                      tools: Optional[list] = None) -> int:
@@ -384,9 +433,11 @@ class Engine:
             "sampling_defaults": self.sampling_defaults(),
             "tool_format": self.tool_format(),
             "fill_in_the_middle": self._fim(self.loaded),  # the FIM spelling a `suffix` uses, or None
+            "reasoning": (fmt.name if (fmt := self._reasoning_format(self.loaded)) else None),  # a thinking model's markers
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,
+            "latency": runner.latency.snapshot(),
             "tokens_per_s": runner.generated_tokens / uptime if uptime else 0.0,
             "memory": self._loop.memory.status(runner.prefix),
             "options": dict(self.options),

@@ -115,4 +115,5 @@ class RequestHandle:
             logprobs=logprobs,
             error=last.error,
             matched_stop=last.matched_stop,
+            reasoning="".join(d.reasoning for d in deltas),
         )

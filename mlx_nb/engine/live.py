@@ -38,25 +38,28 @@ class LiveRequest:
     def usage(self) -> Usage:
         return Usage(len(self.prompt_tokens), self.generated, self.cached_tokens)
 
-    def emit(self, text: str, token: Optional[int], logprob: Optional[TokenLogprob]) -> None:
+    def emit(self, text: str, token: Optional[int], logprob: Optional[TokenLogprob], reasoning: str = "") -> None:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         self.handle.push(
             Delta(
                 self.id,
                 text=text,
+                reasoning=reasoning,
                 token_ids=[token] if token is not None else [],
                 logprobs=[logprob] if logprob is not None else [],
             )
         )
 
-    def finish(self, reason: str, text: str = "", error: Optional[str] = None) -> None:
+    def finish(self, reason: str, tail: tuple[str, str] = ("", ""), error: Optional[str] = None) -> None:
+        """The last delta: `tail` is the rest of the (answer, reasoning) text."""
         if self.phase == "done":
             return
         self.phase = "done"
         self.finished_at = time.perf_counter()
+        text, reasoning = tail
         self.handle.push(
-            Delta(self.id, text=text, finish_reason=reason, error=error, usage=self.usage(),
+            Delta(self.id, text=text, reasoning=reasoning, finish_reason=reason, error=error, usage=self.usage(),
                   matched_stop=self.stream.matched_stop)
         )
 

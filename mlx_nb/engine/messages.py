@@ -67,6 +67,11 @@ def _validate(raw: Any, i: int) -> dict:
             f"{where}.content",
         )
     msg = {"role": role, "content": content}
+    if role == "assistant":  # a thinking model's earlier reasoning, under the names templates read
+        reasoning = next((raw[k] for k in ("reasoning_content", "reasoning", "thinking") if isinstance(raw.get(k), str)),
+                         None)
+        if reasoning:
+            msg["reasoning_content"] = msg["thinking"] = reasoning
     if role == "assistant" and raw.get("tool_calls"):
         msg["tool_calls"] = [_tool_call(tc, f"{where}.tool_calls[{j}]") for j, tc in enumerate(raw["tool_calls"])]
     if role == "tool":
@@ -112,6 +117,8 @@ def _mergeable(prev: dict, msg: dict) -> bool:
         and msg["role"] in ("user", "assistant")
         and "tool_calls" not in prev
         and "tool_calls" not in msg
+        and "reasoning_content" not in prev
+        and "reasoning_content" not in msg
     )
 
 

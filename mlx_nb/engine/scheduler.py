@@ -18,6 +18,7 @@ from typing import Callable, Optional
 from mlx_nb.engine.events import EventLog
 from mlx_nb.models.cache_layout import describe_layers
 from mlx_nb.models.cache_types import cache_type_name
+from mlx_nb.engine.latency import Latency
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.pacing import PrefillPacer
 from mlx_nb.engine.sampling import SamplerCache, logits_processors
@@ -57,6 +58,7 @@ class BatchRunner:
         self.steps = 0
         self.generated_tokens = 0
         self.prompt_tokens = 0
+        self.latency = Latency()  # time to first token, gaps between tokens (the /metrics route's histograms)
         self.decoding: list[str] = []
         self._peak_batch = 0
         self._read_tokens = 0  # prompt tokens read in the current step, for the pacer
@@ -235,14 +237,15 @@ class BatchRunner:
             return
         live.generated += 1
         self.generated_tokens += 1
+        self.latency.token(live, time.perf_counter())  # a stop token too: it ends the wait
         if r.finish_reason is not None and self._reuses_prefix(live) and r.prompt_cache is not None:
             self.prefix.store(list(r.all_tokens), r.prompt_cache, "assistant")
         if r.finish_reason == "stop":  # a stop token: never sent as content
             self._finish(live, "stop", live.stream.finish())
             return
         logprob = self._logprob(live, r) if live.request.sampling.logprobs else None
-        text = live.stream.add(r.token)
-        live.emit(text, r.token, logprob)
+        text, reasoning = live.stream.add(r.token)
+        live.emit(text, r.token, logprob, reasoning)
         if live.stream.stopped:
             self._remove([live], "stop")
         elif r.finish_reason == "length":
@@ -264,11 +267,12 @@ class BatchRunner:
         )
 
     # -- leaving the batch -------------------------------------------------------------------
-    def _finish(self, live: LiveRequest, reason: str, text: str = "", error: Optional[str] = None) -> None:
+    def _finish(self, live: LiveRequest, reason: str, tail: tuple[str, str] = ("", ""),
+                error: Optional[str] = None) -> None:
         """A request BatchGenerator already dropped (it reported stop or length)."""
         self.by_uid.pop(live.uid, None)
         self._left(live)
-        live.finish(reason, text, error)
+        live.finish(reason, tail, error)
         self.events.publish("filter", self.steps, [live.id], reason=reason, batch_size=len(self.decoding))
 
     def _remove(self, lives: list[LiveRequest], reason: str) -> None:
@@ -277,7 +281,7 @@ class BatchRunner:
         for live in lives:
             self.by_uid.pop(live.uid, None)
             self._left(live)
-            tail = live.stream.finish() if reason == "stop" else ""
+            tail = live.stream.finish() if reason == "stop" else ("", "")
             live.finish(reason, tail, live.failure if reason == "error" else None)
         self.events.publish(
             "filter", self.steps, [lv.id for lv in lives], reason=reason, batch_size=len(self.decoding)

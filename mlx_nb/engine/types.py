@@ -60,10 +60,12 @@ class TokenLogprob:
 
 @dataclass
 class Delta:
-    """One streamed piece of a reply. `text` is always valid UTF-8 and never holds a stop token."""
+    """One streamed piece of a reply. `text` is always valid UTF-8 and never holds a stop token.
+    A thinking model's reasoning comes in `reasoning`, apart from the answer (engine/reasoning.py)."""
 
     request_id: str
     text: str = ""
+    reasoning: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: Optional[FinishReason] = None
@@ -84,6 +86,7 @@ class Result:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     error: Optional[str] = None
     matched_stop: Optional[str] = None
+    reasoning: str = ""  # a thinking model's reasoning, apart from the answer in `text`
 
 
 @dataclass

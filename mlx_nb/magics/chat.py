@@ -154,7 +154,9 @@ class ChatView:
                 for chunk in stream:
                     parts.append(chunk)
             finally:
-                _display_markdown("".join(parts))
+                from IPython.display import display
+
+                display(markdown_bundle("".join(parts), _reasoning(stream), done=True), raw=True)
             return "".join(parts)
         if self.handle is None:
             self.waiting("⏳ waiting for the first token")
@@ -164,10 +166,10 @@ class ChatView:
                 parts.append(chunk)
                 now = time.monotonic()
                 if now - last >= self.period:
-                    self.handle.update(markdown_bundle("".join(parts)), raw=True)
+                    self.handle.update(markdown_bundle("".join(parts), _reasoning(stream)), raw=True)
                     last = now
         finally:  # the last update holds the whole text, also after an interrupt or an error
-            self.handle.update(markdown_bundle("".join(parts)), raw=True)
+            self.handle.update(markdown_bundle("".join(parts), _reasoning(stream), done=True), raw=True)
         return "".join(parts)
 
     def footer(self, reply) -> None:
@@ -182,6 +184,10 @@ class ChatView:
 
         display({"text/html": f"<div class='mlx-nb-footer' style='opacity:.65;font-size:85%'>{html.escape(line)}</div>",
                  "text/plain": line}, raw=True)
+
+
+def _reasoning(stream) -> str:
+    return getattr(stream, "reasoning", "") or ""
 
 
 def footer_line(reply) -> str:
@@ -202,9 +208,3 @@ def _status_bundle(line: str) -> dict:
     """Our own status line (not model output): dimmed HTML, with a plain-text twin."""
     return {"text/html": f"<div class='mlx-nb-waiting' style='opacity:.65'>{html.escape(line)}</div>",
             "text/plain": line}
-
-
-def _display_markdown(text: str) -> None:
-    from IPython.display import display
-
-    display(markdown_bundle(text), raw=True)

@@ -14,22 +14,16 @@ import numpy as np
 
 from mlx_nb.models.atomic import build_atomically
 from mlx_nb.models.fixtures_vision import VISION_CONFIGS, build_vision, vision_spec
-from mlx_nb.models.templates import LENIENT_CHATML, STRICT_CHATML
+from mlx_nb.models.templates import HARMONY, HARMONY_TOKENS, LENIENT_CHATML, STRICT_CHATML, THINKING_CHATML
 from mlx_nb.models.tiny_tokenizer import VOCAB_SIZE, write_tokenizer
 
 _COMMON = {"vocab_size": VOCAB_SIZE, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
+# the two-layer attention shape most fixtures share
+_SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "max_position_embeddings": 4096}
 
 TINY_CONFIGS: dict[str, dict] = {
-    "tiny-llama": {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        **_COMMON,
-    },
+    "tiny-llama": {"model_type": "llama", **_SMALL, **_COMMON},
     "tiny-qwen3.5": {
         "model_type": "qwen3_5",
         "text_config": {
@@ -73,11 +67,7 @@ TINY_CONFIGS: dict[str, dict] = {
     },
     "tiny-falcon-h1": {
         "model_type": "falcon_h1",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        **_SMALL,
         "head_dim": 16,
         "mamba_d_conv": 4,
         "mamba_d_head": 16,
@@ -86,7 +76,30 @@ TINY_CONFIGS: dict[str, dict] = {
         "mamba_n_groups": 1,
         "mamba_n_heads": 4,
         "mamba_chunk_size": 16,
+        **_COMMON,
+    },
+    # thinking models: their templates write reasoning markers (engine/reasoning.py)
+    "tiny-qwen3-think": {
+        "model_type": "qwen3",
+        **_SMALL,
+        "head_dim": 16,
+        "rope_theta": 10000.0,
+        **_COMMON,
+    },
+    "tiny-gpt-oss": {
+        "model_type": "gpt_oss",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
         "max_position_embeddings": 4096,
+        "rope_theta": 10000,
         **_COMMON,
     },
 }
@@ -96,7 +109,15 @@ _TEMPLATES = {
     "tiny-qwen3.5": STRICT_CHATML,
     "tiny-gemma3": LENIENT_CHATML,
     "tiny-falcon-h1": LENIENT_CHATML,
+    "tiny-qwen3-think": THINKING_CHATML,
+    "tiny-gpt-oss": HARMONY,
 }
+
+# Fixtures whose tokenizer adds special tokens of its own, and what ends their replies.
+_EXTRA_TOKENS = {"tiny-gpt-oss": (HARMONY_TOKENS, {"eos_token": "<|return|>"})}
+
+# Thinking fixtures taught one reasoning-then-answer reply (fixture_teaching.py), by family.
+TAUGHT = {"tiny-qwen3-think": "think", "tiny-gpt-oss": "harmony"}
 
 WEIGHT_SCALE = 0.25  # large enough that greedy argmax is decisive, not a near-tie between tokens
 
@@ -112,7 +133,11 @@ def fingerprint(name: str) -> str:
 
     from mlx_nb.models.tiny_tokenizer import SPECIAL_TOKENS
 
-    parts = vision_spec(name) if name in VISION_CONFIGS else [TINY_CONFIGS[name], _TEMPLATES[name]]
+    from mlx_nb.models import fixture_teaching as teaching
+
+    taught = [teaching.REPLIES[TAUGHT[name]], teaching.HELD_OUT, teaching.STEPS_MAX] if name in TAUGHT else None
+    parts = vision_spec(name) if name in VISION_CONFIGS else [TINY_CONFIGS[name], _TEMPLATES[name],
+                                                               repr(_EXTRA_TOKENS.get(name)), taught]
     spec = json.dumps([*parts, WEIGHT_SCALE, SPECIAL_TOKENS], sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:10]
 
@@ -123,10 +148,21 @@ def build_tiny(name: str, dest: Path) -> Path:
         return build_atomically(dest, lambda tmp: build_vision(name, tmp, _seed(name), WEIGHT_SCALE))
     if name not in TINY_CONFIGS:
         raise KeyError(name)
-    return build_atomically(dest, lambda tmp: write_random_model(tmp, TINY_CONFIGS[name], _TEMPLATES[name], _seed(name)))
+    extra, tokenizer_config = _EXTRA_TOKENS.get(name, ((), None))
+
+    def build(tmp: Path) -> None:
+        write_random_model(tmp, TINY_CONFIGS[name], _TEMPLATES[name], _seed(name), extra=extra,
+                           tokenizer_config=tokenizer_config)
+        if name in TAUGHT:
+            from mlx_nb.models.fixture_teaching import teach
+
+            teach(tmp, TAUGHT[name], _seed(name))
+
+    return build_atomically(dest, build)
 
 
-def write_random_model(out: Path, config: dict, chat_template: str, seed: int) -> None:
+def write_random_model(out: Path, config: dict, chat_template: str, seed: int, extra: tuple = (),
+                       tokenizer_config: dict | None = None) -> None:
     """An MLX model directory for any mlx_lm architecture `config` names, with seeded random weights
     and the tiny tokenizer: how every text fixture is made, and how tests make one-off architectures."""
     import importlib
@@ -144,7 +180,7 @@ def write_random_model(out: Path, config: dict, chat_template: str, seed: int) -
         )
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    write_tokenizer(out, chat_template)
+    write_tokenizer(out, chat_template, tokenizer_config, extra=extra)
 
 
 def _seed(name: str) -> int:

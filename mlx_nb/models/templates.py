@@ -54,3 +54,44 @@ LENIENT_CHATML = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+# A thinking template in the style of Qwen3-Thinking and the DeepSeek-R1 distills: the prompt opens
+# `<think>` (the reply starts inside the reasoning); `enable_thinking=False` writes an empty block
+# instead, as Qwen3's does; an assistant turn after the last user message keeps its reasoning (a
+# tool loop inside the turn), earlier ones drop it.
+THINKING_CHATML = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role in ('system', 'user') %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if m.reasoning_content and loop.index0 > ns.last_user %}<think>\n{{ m.reasoning_content }}\n</think>\n\n"
+    "{% endif %}{{ m.content }}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}"
+    "{%- endif %}"
+)
+
+# gpt-oss's harmony format, reduced to what the engine reads: `reasoning_effort` in the system
+# message, an earlier turn's `thinking` kept on the last assistant turn only, and a reply that
+# opens a channel (`analysis` for reasoning, `final` for the answer).
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
+HARMONY = (
+    "<|start|>system<|message|>You are a helpful assistant.\n"
+    "Reasoning: {{ reasoning_effort | default('medium') }}\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+    "{%- for m in messages %}"
+    "{%- if m.role in ('system', 'developer') %}<|start|>developer<|message|>{{ m.content }}<|end|>"
+    "{%- elif m.role == 'user' %}<|start|>user<|message|>{{ m.content }}<|end|>"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- if m.thinking and loop.last %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>{%- endif %}"
+    "<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start|>assistant{%- endif %}"
+)

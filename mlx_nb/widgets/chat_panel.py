@@ -20,17 +20,19 @@ from urllib.parse import urlsplit
 
 import ipywidgets as W
 
-from mlx_nb.safe_markdown import safe_markdown
+from mlx_nb.safe_markdown import markdown_bundle, safe_markdown
 from mlx_nb.widgets.lifecycle import adopt
 
 UPDATE_PERIOD_S = 0.1  # ~10 Hz: every update resends the whole reply
 RATE_AFTER_S = 0.3  # a tokens/s readout needs this much decoding behind it to mean anything
 
 
-def _markdown(out: W.Output, text: str, note: str = "") -> None:
-    """Show model `text` (escaped: see mlx_nb.safe_markdown) followed by our own Markdown `note`."""
+def _markdown(out: W.Output, text: str, note: str = "", reasoning: str = "", done: bool = True) -> None:
+    """Show model `text` (escaped: see mlx_nb.safe_markdown) followed by our own Markdown `note`;
+    a thinking model's `reasoning` folded above it ("Thinking", open while it streams)."""
+    bundle = markdown_bundle(text, reasoning, done)
     out.outputs = ({"output_type": "display_data",
-                    "data": {"text/markdown": safe_markdown(text) + note, "text/plain": text + note},
+                    "data": {"text/markdown": bundle["text/markdown"] + note, "text/plain": bundle["text/plain"] + note},
                     "metadata": {}},)
 
 
@@ -227,14 +229,14 @@ class ChatPanel(W.VBox):
                 first = first or now
                 if now - last >= UPDATE_PERIOD_S:
                     last = now
-                    _markdown(answer, "".join(parts), " ▌")
+                    _markdown(answer, "".join(parts), " ▌", stream.reasoning, done=False)
                     decoding = now - first
                     rate = (len(parts) - 1) / decoding if decoding >= RATE_AFTER_S else None
                     self.speed.value = counts(len(parts), None, rate, estimated=True)
             reply = stream.reply
             self.replies.append(reply)
             text = "".join(parts)
-            _markdown(answer, text, "\n\n*[stopped]*" if reply.finish_reason == "abort" else "")
+            _markdown(answer, text, "\n\n*[stopped]*" if reply.finish_reason == "abort" else "", stream.reasoning)
             if text:
                 self.messages.append({"role": "assistant", "content": text})
                 self.copy.value = copy_button(text)
@@ -247,7 +249,9 @@ class ChatPanel(W.VBox):
             if not text and self.messages and self.messages[-1] is history[-1]:
                 self.messages.pop()  # nothing was answered: don't resend the failed question
             problem = safe_markdown(" ".join(str(exc).split()))  # may quote a server's words
-            _markdown(answer, text, ("\n\n" if text else "") + f"**mlx:** {problem}")
+            stream = self._stream
+            _markdown(answer, text, ("\n\n" if text else "") + f"**mlx:** {problem}",
+                      stream.reasoning if stream is not None else "")
             self.speed.value = "error"
         finally:
             self._stream = None

@@ -176,6 +176,7 @@ def test_kwargs_system_blocks_images_tool_use_and_tool_result():
         {
             "role": "assistant",
             "content": "Checking.",
+            "reasoning_content": "hmm",  # the template keeps or drops it (engine/thinking.py)
             "tool_calls": [
                 {
                     "id": "toolu_1",

@@ -36,6 +36,7 @@ def test_engine_kwargs():
         "logprobs": 2,
         "tools": None,
         "suffix": None,
+        "split_reasoning": False,  # a raw completion is text as the model wrote it, markers included
     }
     assert parse({"prompt": ["one"]}).prompt == "one"
     assert completion_engine_kwargs(parse({"prompt": "x", "logprobs": 0}))["logprobs"] == 1

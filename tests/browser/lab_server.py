@@ -43,6 +43,17 @@ def _requirements() -> None:
         pytest.skip("the playwright package is not installed: pip install -e '.[test]'")
 
 
+def extension_installed() -> None:
+    """Skip (saying why) where node is missing, so make could not build the extension; else it must
+    be installed and enabled."""
+    _requirements()
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("NOT RUN: node/npm are not installed, so make did not build the Lab extension")
+    listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True)
+    line = next((x for x in (listed.stdout + listed.stderr).splitlines() if "mlx-nb-labextension" in x), "")
+    assert "enabled" in line and "OK" in line, "the Lab extension is not installed: run make lab"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

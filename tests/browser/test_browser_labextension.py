@@ -12,32 +12,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
-from lab_server import MS, WAIT_S, Lab, _requirements, _shot, menu, open_notebook, watched
+from lab_server import MS, WAIT_S, Lab, _shot, extension_installed, menu, open_notebook, watched
 from page_checks import weakest_contrast
 
 pytestmark = pytest.mark.browser
 
 NOTEBOOKS = ("notebook one.ipynb", "notebook two.ipynb")
 HOSTILE = '<img src=x onerror="window.__mlx_xss=1"><script>window.__mlx_xss=2</script>'  # a request's own text
-
-
-def extension_installed() -> None:
-    """Skip (saying why) where node is missing, so make could not build the extension; else it must
-    be installed and enabled."""
-    _requirements()
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("NOT RUN: node/npm are not installed, so make did not build the Lab extension")
-    listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True)
-    line = next((x for x in (listed.stdout + listed.stderr).splitlines() if "mlx-nb-labextension" in x), "")
-    assert "enabled" in line and "OK" in line, "the Lab extension is not installed: run make lab"
 
 
 @pytest.fixture
