@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: plain,runtime,llamacpp,real")
     ap.add_argument("--real-only", action="store_true",
                     help="measure only the real-size GGUFs beside llama-server, into the last run's results")
+    ap.add_argument("--real-models", default="", help="comma-separated real-size models (default: all)")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite latest.md, the plot and the README table from latest.json (after editing findings.md)")
     args = ap.parse_args()
@@ -99,8 +100,10 @@ def main() -> None:
         return write(json.loads((RESULTS / "latest.json").read_text()))
     if args.real_only:
         data = json.loads((RESULTS / "latest.json").read_text())
-        data["real"] = real_sizes.run_all(_prompt_text(), args.max_tokens, args.reps, _logs())
-        data["real"]["date"] = _stamp()
+        names = [n for n in args.real_models.split(",") if n] or None
+        fresh = real_sizes.run_all(_prompt_text(), args.max_tokens, args.reps, _logs(), names)
+        kept = (data.get("real") or {}).get("models", {}) if names else {}
+        data["real"] = {**fresh, "models": {**kept, **fresh.get("models", {})}, "date": _stamp()}
         (RESULTS / "latest.json").write_text(json.dumps(data, indent=2, default=str))
         return write(data)
     levels = [int(x) for x in args.levels.split(",")]
