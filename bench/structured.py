@@ -48,11 +48,13 @@ class Timed:
 
 
 def run(engine, constrained_rows: int) -> float:
+    from mlx_nb.api.constraint_fields import constraint_of
+
     eos = {t: -100 for t in engine.loaded.tokenizer.eos_token_ids}
     fmt = {"type": "json_schema", "json_schema": {"name": "story", "schema": SCHEMA}}
     handles = []
     for i in range(ROWS):
-        kw = {"response_format": fmt} if i < constrained_rows else {"logit_bias": eos}
+        kw = {"constraint": constraint_of(fmt)} if i < constrained_rows else {"logit_bias": eos}
         handles.append(engine.submit(messages=CHAT, max_tokens=BUDGET, temperature=0.7, seed=i, **kw))
     first: list = [None] * ROWS
 

@@ -38,6 +38,7 @@ from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, 
 from mlx_nb.api.tool_calls import DEFAULT_MARKERS
 from mlx_nb.engine.generic_tools import GENERIC
 from mlx_nb.engine.images import prefetch_remote_images
+from mlx_nb.engine.submit_request import SubmitRequest
 
 SSE = "text/event-stream; charset=utf-8"
 
@@ -103,23 +104,24 @@ class GenerateHandler(ProxyMixin, MLXHandler):
                        (start, end) if start and end else None, fmt)
 
     async def submit(self, requests: list[dict]) -> list:
-        """Queue every choice back to back (off the event loop: submit templates and tokenizes)."""
+        """Queue every choice back to back (off the event loop: submit templates and tokenizes).
+        The route's keywords become the engine's typed request here, named for who sent them."""
+        source = self.source()
+        typed = [SubmitRequest.of(**kw, source=source) for kw in requests]
         if self.ext.remote is not None:
-            handles = [await self.ext.remote.submit(**kw) for kw in requests]
+            handles = [await self.ext.remote.submit(req) for req in typed]
         else:
             engine = self.ready_engine()
             if engine.loaded.kind == "vision":  # remote images are fetched on their own threads, awaited here
-                for kw in requests:
-                    if kw.get("messages") is not None:
-                        kw["messages"] = await prefetch_remote_images(kw["messages"], engine.image_options)
-
-            source = self.source()
+                for req in typed:
+                    if req.messages is not None:
+                        req.messages = await prefetch_remote_images(req.messages, engine.image_options)
 
             def submit_all():
                 out = []
                 try:
-                    for kw in requests:
-                        out.append(engine.submit(**kw, source=source))
+                    for req in typed:
+                        out.append(engine.submit_request(req))
                 except BaseException:
                     for handle in out:
                         handle.abort()

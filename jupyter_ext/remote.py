@@ -27,9 +27,11 @@ from typing import Any, Optional
 import httpx
 
 from mlx_nb.api import APIError, DEFAULT_MARKERS
+from mlx_nb.api.constraint_fields import wire_fields
 from mlx_nb.api.routes import Serving
 from mlx_nb.engine.handle import RequestHandle
-from mlx_nb.engine.types import Delta, Usage
+from mlx_nb.engine.submit_request import SubmitRequest
+from mlx_nb.engine.types import Delta, SamplingParams, Usage
 
 UNNAMED = "default_model"  # what mlx_lm.server calls the model it was started with
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop"}
@@ -89,29 +91,32 @@ class RemoteEngine:
             raise unreachable(self.url, exc) from None
 
     # -- the engine face, for routes translated to chat ----------------------------------------
-    async def submit(self, **kw) -> RequestHandle:
-        """Like `Engine.submit`, over the backend's streaming chat (or completions) route."""
-        chat = kw.get("messages") is not None
+    async def submit(self, req: SubmitRequest) -> RequestHandle:
+        """Like `Engine.submit_request`, over the backend's streaming chat (or completions) route."""
+        chat = req.messages is not None
         body: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
         model = await self.model()
         if model != UNNAMED:
             body["model"] = model
         if chat:
-            body["messages"] = [_wire_message(m) for m in kw["messages"]]
+            body["messages"] = [_wire_message(m) for m in req.messages]
         else:
-            body["prompt"] = kw["prompt"]
-        if kw.get("max_tokens") is not None:
-            body["max_tokens"] = kw["max_tokens"]
-        body.update({k: kw[k] for k in _SAMPLING if kw.get(k) not in (None, {}, [])})
-        if kw.get("stop"):
-            body["stop"] = kw["stop"]
-        if kw.get("tools"):
-            body["tools"] = kw["tools"]
-        if kw.get("constraint") is not None:  # the backend enforces it, if it can
-            body.update(kw["constraint"].wire())
+            body["prompt"] = req.prompt
+        sampling = req.sampling
+        if sampling.max_tokens is not None:
+            body["max_tokens"] = sampling.max_tokens
+        unset = SamplingParams()  # what the request left at the engine's defaults is not sent, temperature aside
+        body.update({k: getattr(sampling, k) for k in _SAMPLING
+                     if k == "temperature" or getattr(sampling, k) != getattr(unset, k)})
+        if sampling.stop:
+            body["stop"] = sampling.stop
+        if req.tools:
+            body["tools"] = req.tools
+        if req.constraint is not None:  # the backend enforces it, if it can
+            body.update(wire_fields(req.constraint))
         for key in ("chat_template_kwargs", "reasoning_budget"):  # a thinking model's switches, as llama-server takes them
-            if kw.get(key) not in (None, {}):
-                body[key] = kw[key]
+            if getattr(req, key) not in (None, {}):
+                body[key] = getattr(req, key)
         resp = await self.open("POST", "chat/completions" if chat else "completions", body)
         if resp.status_code >= 400:
             raise await backend_error(resp, self.url)

@@ -28,6 +28,21 @@ class ForcedEngine:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def submit(self, **kwargs):
-        kwargs["max_tokens"] = len(self.ids)
-        return self.engine.submit(**kwargs, logits_processors=[forcing(self.ids)])
+    def submit(self, messages=None, prompt=None, **fields):
+        from mlx_nb.engine.submit_request import SubmitRequest
+
+        return self.submit_request(SubmitRequest.of(messages=messages, prompt=prompt, **fields))
+
+    def submit_request(self, req):
+        import dataclasses
+
+        budget = dataclasses.replace(req.sampling, max_tokens=len(self.ids))
+        return self.engine.submit_request(forced(req, self.ids, sampling=budget))
+
+
+def forced(req, token_ids: list[int], **changes):
+    """The engine request `req`, made to answer `token_ids` (and with `changes`)."""
+    import dataclasses
+
+    return dataclasses.replace(req, logits_processors=[*(req.logits_processors or []), forcing(list(token_ids))],
+                               **changes)

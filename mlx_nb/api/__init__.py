@@ -1,7 +1,7 @@
 """OpenAI / Anthropic wire formats <-> engine requests and outputs.
 
 Pure functions and pydantic models: no HTTP framework, no MLX. A route does
-`parse_*_request(body, ...)` -> `*_engine_kwargs(req)` -> `engine.submit(**kwargs)`, then either
+`parse_*_request(body, ...)` -> `*_engine_kwargs(req)` -> `engine.submit_request(SubmitRequest.of(**kwargs))`, then either
 `*_response(req, handle.result(), ...)` or a `*Stream(...).feed(delta)` per Delta, framed with
 `sse_event`. Every rejection is an `APIError` carrying its status and both error shapes.
 `mlx_nb.api.routes` packages those steps per route (chat, completions, messages, responses), so

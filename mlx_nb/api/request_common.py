@@ -249,10 +249,10 @@ def reasoning_kwargs(req: Any, effort: Optional[str] = None, budget: Optional[in
 def constraint_kwargs(req: Any, response_format: Any = None) -> dict[str, Any]:
     """`{"constraint": ...}` for the engine when the request constrains its output (response_format
     json_object / json_schema, or one extension field), else {}. Two constraints at once are a 400."""
-    from mlx_nb.engine.constrained import from_request
+    from mlx_nb.api.constraint_fields import constraint_of
 
     fmt = response_format.model_dump(exclude_none=True) if hasattr(response_format, "model_dump") else response_format
-    found = from_request(fmt, **{f: getattr(req, f, None) for f in CONSTRAINT_FIELDS})
+    found = constraint_of(fmt, **{f: getattr(req, f, None) for f in CONSTRAINT_FIELDS})
     return {"constraint": found} if found is not None else {}
 
 

@@ -49,6 +49,17 @@ def close_engines() -> None:
         eng.close()
 
 
+def _engine_request(messages: list, params: dict):
+    """The Client's parameters as the engine's request: an OpenAI `response_format` becomes its
+    `Constraint` here, as a route reads it (mlx_nb.api.constraint_fields)."""
+    from mlx_nb.api.constraint_fields import constraint_of
+    from mlx_nb.engine.submit_request import SubmitRequest
+
+    given = dict(params)
+    constraint = constraint_of(response_format=given.pop("response_format", None))
+    return SubmitRequest.of(messages=messages, constraint=constraint, **given)
+
+
 class _Embedded:
     """Shared engines by model name, or one given Engine (`Client(engine=eng)`)."""
 
@@ -74,7 +85,7 @@ class _Embedded:
         if not eng.ready:
             wait_embedded(eng, wait)
             st._restart_clock()
-        handle = eng.submit(messages=messages, **params)
+        handle = eng.submit_request(_engine_request(messages, params))
         st._opened(handle.id, handle.abort, drains=True)
         return ((d.text, d.finish_reason, _usage(d.usage), d.error, d.reasoning) for d in handle)
 
@@ -85,7 +96,7 @@ class _Embedded:
             await asyncio.to_thread(wait_embedded, eng, wait)
             st._restart_clock()
         # submit templates, tokenizes and decodes images: off the event loop
-        handle = await asyncio.to_thread(eng.submit, messages=messages, **params)
+        handle = await asyncio.to_thread(eng.submit_request, _engine_request(messages, params))
         st._opened(handle.id, handle.abort, drains=True)
         async for d in handle:
             yield d.text, d.finish_reason, _usage(d.usage), d.error, d.reasoning

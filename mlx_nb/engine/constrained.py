@@ -22,7 +22,6 @@ from mlx_nb.engine.types import RequestError
 
 KINDS = ("json_schema", "regex", "lark", "gbnf", "tool_call")
 DIGITS_MAX = 16  # a JSON number's digits in a row, as llama.cpp's JSON grammars bound them (see JsonDigits)
-ANY_JSON_OBJECT = {"type": "object"}  # response_format json_object: any object
 
 
 @dataclass(frozen=True)
@@ -34,16 +33,7 @@ class Constraint:
 
     kind: str
     value: Any
-    field: str = "response_format"  # the request field it came from, for error messages
-
-    def wire(self) -> dict:
-        """The request fields that ask an OpenAI-compatible backend for the same constraint."""
-        if self.kind == "tool_call":
-            return {}  # the request's own tool_choice says it
-        if self.kind == "json_schema":
-            return {"response_format": {"type": "json_schema",
-                                        "json_schema": {"name": "output", "schema": self.value, "strict": True}}}
-        return {{"regex": "guided_regex", "lark": "guided_grammar", "gbnf": "grammar"}[self.kind]: self.value}
+    field: str = "constraint"  # the request field it came from, for error messages
 
     def grammar(self, tokenizer: Any = None) -> str:
         """llguidance's grammar; `tokenizer` (mlx_lm's) names a tool call's special-token markers."""
@@ -198,39 +188,6 @@ class GrammarProcessor:
         return mx.where(mx.array(allowed.astype(bool)), logits, mx.array(-float("inf"), dtype=logits.dtype))
 
 
-def from_request(response_format: Optional[dict] = None, **extensions: Any) -> Optional[Constraint]:
-    """The constraint a request asks for: OpenAI's `response_format` (json_object / json_schema),
-    or one of the extension fields servers of this kind take (llama.cpp's `json_schema` and `grammar`
-    (GBNF), vLLM's `guided_json`, `guided_regex` and `guided_grammar` (Lark)); None for none.
-    At most one may be given."""
-    given = {k: v for k, v in extensions.items() if v is not None}
-    fmt = response_format or {}
-    if not isinstance(fmt, dict) or fmt.get("type", "text") not in ("text", "json_object", "json_schema"):
-        raise RequestError("response_format: type must be text, json_object or json_schema", "response_format")
-    if fmt.get("type") in ("json_object", "json_schema"):
-        given["response_format"] = fmt
-    if len(given) > 1:
-        raise RequestError(f"give one output constraint, not {', '.join(sorted(given))}", sorted(given)[1])
-    if not given:
-        return None
-    (name, value), = given.items()
-    if name == "response_format":
-        if value["type"] == "json_object":
-            return Constraint("json_schema", ANY_JSON_OBJECT, name)
-        spec = value.get("json_schema") or {}
-        schema = _schema(spec["schema"] if spec.get("schema") is not None else ANY_JSON_OBJECT, name)
-        return Constraint("json_schema", closed(schema) if spec.get("strict") else schema, name)
-    if name in ("json_schema", "guided_json"):
-        return Constraint("json_schema", _schema(value, name), name)
-    if name == "guided_regex":
-        return Constraint("regex", _text(value, name), name)
-    if name == "guided_grammar":
-        return Constraint("lark", _text(value, name), name)
-    if name == "grammar":
-        return Constraint("gbnf", _text(value, name), name)
-    raise RequestError(f"unknown output constraint {name!r}", name)
-
-
 def tool_call(functions: list[tuple[str, Optional[dict]]], markers: tuple[str, str]) -> Constraint:
     """A reply that is one call of one of `functions` ((name, parameters schema)), in `markers`."""
     return Constraint("tool_call", {"functions": [(n, p or {"type": "object"}) for n, p in functions],
@@ -278,23 +235,6 @@ def closed(schema: Any) -> Any:
     if "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
-
-
-def _schema(value: Any, field: str) -> dict:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise RequestError(f"{field}: not a JSON schema (the string is not JSON)", field) from None
-    if not isinstance(value, dict):
-        raise RequestError(f"{field}: a JSON schema is an object, not {type(value).__name__}", field)
-    return value
-
-
-def _text(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise RequestError(f"{field}: give the pattern or grammar as a non-empty string", field)
-    return value
 
 
 def _line(what: Any) -> str:

@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from mlx_nb.engine import workers
-from mlx_nb.engine.constrained import Constraint, from_request, processor_for
+from mlx_nb.engine.constrained import processor_for
 from mlx_nb.engine.events import EventLog, prompt_snippet
 from mlx_nb.engine.fim import fim_format, fim_prompt
 from mlx_nb.engine.handle import RequestHandle
@@ -32,7 +32,8 @@ from mlx_nb.engine.reasoning import reasoning_format
 from mlx_nb.engine.thinking import Thinking
 from mlx_nb.engine.sampling import validate
 from mlx_nb.engine.textstream import TextStream
-from mlx_nb.engine.types import ContextOverflowError, Request, RequestError, SamplingParams
+from mlx_nb.engine.submit_request import SubmitRequest
+from mlx_nb.engine.types import ContextOverflowError, Request, RequestError
 from mlx_nb.models.progress import LoadProgress
 
 __all__ = ["Engine", "EngineClosedError"]
@@ -163,46 +164,22 @@ class Engine:
             raise EngineClosedError("the engine is closed: create a new Engine")
 
     # -- public API --------------------------------------------------------------------------
-    def submit(
-        self,
-        messages: Optional[list] = None,
-        prompt: Optional[str] = None,
-        *,
-        max_tokens: Optional[int] = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        logit_bias: Optional[dict] = None,
-        stop: Optional[list[str] | str] = None,
-        seed: Optional[int] = None,
-        logprobs: int = 0,
-        tools: Optional[list] = None,
-        logits_processors: Optional[list] = None,
-        sampler: Optional[Callable] = None,
-        response_format: Optional[dict] = None,
-        constraint: Optional[Constraint] = None,
-        chat_template_kwargs: Optional[dict] = None,
-        reasoning_budget: Optional[int] = None,
-        split_reasoning: bool = True,
-        request_id: Optional[str] = None,
-        source: Optional[str] = None,
-        suffix: Optional[str] = None,
-    ) -> RequestHandle:
+    def submit(self, messages: Optional[list] = None, prompt: Optional[str] = None, **fields: Any) -> RequestHandle:
+        """`submit_request(SubmitRequest(messages=..., prompt=..., **fields))`: the same request as
+        keywords (engine/submit_request.py names them), returning its handle at once."""
+        return self.submit_request(SubmitRequest.of(messages=messages, prompt=prompt, **fields))
+
+    def submit_request(self, req: SubmitRequest) -> RequestHandle:
         """Validate, template and queue a request; returns at once with its handle.
 
         `logits_processors` (`fn(tokens, logits) -> logits`) and `sampler` (`fn(logprobs) -> token ids`)
         run on this request's row only; one that raises or returns the wrong shape or dtype ends
-        this request alone with finish_reason "error". `response_format` (OpenAI's: json_object or
-        json_schema) or `constraint` (engine/constrained.py: a JSON schema, regex or grammar) holds
-        the output to it token by token; a grammar llguidance cannot compile is a RequestError here. `max_tokens` None means the rest of the
-        context; a budget larger than what fits after the prompt is clamped to it (`handle.max_tokens`
-        says what was granted).
-        `source` says who asked (e.g. "notebook 02-chats.ipynb", "route: OpenAI/Python"): batch events
-        carry it, with the prompt's first words, so a timeline can say which lane is whose.
+        this request alone with finish_reason "error". A `constraint` (engine/constrained.py: a JSON
+        schema, regex or grammar) holds the output to it token by token; a grammar llguidance cannot
+        compile is a RequestError here. `max_tokens` None means the rest of the context; a budget
+        larger than what fits after the prompt is clamped to it (`handle.max_tokens` says what was
+        granted). `source` says who asked (e.g. "notebook 02-chats.ipynb", "route: OpenAI/Python"):
+        batch events carry it, with the prompt's first words, so a timeline can say which lane is whose.
         `suffix` with a `prompt` asks what goes between them (fill-in-the-middle), for a model whose
         tokenizer has FIM tokens (`status()["fill_in_the_middle"]`); for others it is a RequestError.
         A thinking model's reasoning streams apart from its answer (`Delta.reasoning`; its format is
@@ -212,36 +189,24 @@ class Engine:
         """
         self._check_open()
         self.wait_ready()
+        messages, prompt, suffix = req.messages, req.prompt, req.suffix
         if (messages is None) == (prompt is None):
             raise RequestError("give exactly one of messages (chat) or prompt (completion)", "messages")
         loaded = self.loaded  # one read: the loop drops it when it stops
         if loaded is None:
             raise EngineClosedError("the engine has stopped: create a new Engine")
         context = loaded.context_length
-        sampling = SamplingParams(
-            max_tokens=context if max_tokens is None else max_tokens,
-            temperature=float(temperature),
-            top_p=float(top_p),
-            top_k=top_k,
-            min_p=float(min_p),
-            repetition_penalty=float(repetition_penalty),
-            presence_penalty=float(presence_penalty),
-            frequency_penalty=float(frequency_penalty),
-            logit_bias=dict(logit_bias or {}),
-            stop=[stop] if isinstance(stop, str) else list(stop or []),
-            seed=seed,
-            logprobs=int(logprobs or 0),
-        )
+        sampling = req.sampling_for(context)
         validate(sampling, loaded.vocab_size)
         if suffix and messages is not None:
             raise RequestError("suffix goes with a completion prompt (fill-in-the-middle), not with messages", "suffix")
         if suffix and self._fim(loaded) is None:
             raise RequestError(f"{self.model_name} has no fill-in-the-middle tokens, so it cannot take a suffix: "
                                "send the prompt alone", "suffix")
-        rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
-        request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=tools,
-                          chat_template_kwargs=dict(chat_template_kwargs or {}), suffix=suffix or None)
-        images, extra = [], {"source": source or "python", "label": prompt_snippet(messages, prompt)}
+        rid = req.request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
+        request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=req.tools,
+                          chat_template_kwargs=dict(req.chat_template_kwargs or {}), suffix=suffix or None)
+        images, extra = [], {"source": req.source or "python", "label": prompt_snippet(messages, prompt)}
         if loaded.kind == "vision":  # every request to a vision model, text-only ones too
             from mlx_nb.engine.vision import prepare_vision_request
 
@@ -255,28 +220,30 @@ class Engine:
             raise ContextOverflowError(self.model_name, len(tokens), context, self._system_tokens(loaded, request),
                                        "messages" if messages is not None else "prompt")
         sampling.max_tokens = min(sampling.max_tokens, context - len(tokens))
+        sampler, constraint, reasoning_budget = req.sampler, req.constraint, req.reasoning_budget
         if sampler is not None and not callable(sampler):
             raise RequestError("sampler must be a function of the log-probabilities", "sampler")
-        constraint = constraint or from_request(response_format)
-        thinking = Thinking.of(self._reasoning_format(loaded), loaded.tokenizer, tokens) if split_reasoning else None
+        logits_processors = list(req.logits_processors or [])
+        thinking = (Thinking.of(self._reasoning_format(loaded), loaded.tokenizer, tokens)
+                    if req.split_reasoning else None)
         if reasoning_budget is not None:
             if not isinstance(reasoning_budget, int) or isinstance(reasoning_budget, bool) or reasoning_budget < 0:
                 raise RequestError("reasoning_budget must be a non-negative integer (reasoning tokens)",
                                    "reasoning_budget")
             if thinking is not None:
-                logits_processors = [*(logits_processors or []), thinking.budget(reasoning_budget)]
+                logits_processors = [*logits_processors, thinking.budget(reasoning_budget)]
         if constraint is not None:  # last: after bias and penalties, nothing can lift what it masks
             processor = processor_for(loaded, constraint)  # compiled here: a bad grammar fails the submit
             if thinking is not None:  # the answer only: the reasoning is free text
                 processor = thinking.answer_only(lambda: processor_for(loaded, constraint), processor)
-            logits_processors = [*(logits_processors or []), processor]
+            logits_processors = [*logits_processors, processor]
         handle = RequestHandle(rid, self._loop.abort, prompt_tokens=len(tokens), max_tokens=sampling.max_tokens)  # the loop, not self: a handle never pins an Engine
         live = LiveRequest(
             request=request,
             handle=handle,
             prompt_tokens=tokens,
             stream=TextStream(loaded.tokenizer, sampling.stop, thinking.split() if thinking is not None else None),
-            logits_processors=list(logits_processors or []),
+            logits_processors=logits_processors,
             sampler=sampler,
             images=images,
             extra=extra,

@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 
 from mlx_nb import Engine
-from mlx_nb.engine.constrained import Constraint, from_request, tool_call
+from mlx_nb.api.constraint_fields import constraint_of
+from mlx_nb.engine.constrained import Constraint, tool_call
 from mlx_nb.engine.prompts import encode_prompt
 from mlx_nb.engine.types import RequestError
 from mlx_nb.models import load_model
@@ -64,7 +65,7 @@ def test_generated_schemas_hold_at_temperature_one(model, count):
     with Engine(model, wait=True) as engine:
         cases = schemas(count, seed=hash(model) % 1000)
         handles = [engine.submit(messages=[{"role": "user", "content": "Describe a thing as JSON."}],
-                                 max_tokens=400, temperature=1.0, seed=i, response_format=fmt(s))
+                                 max_tokens=400, temperature=1.0, seed=i, constraint=constraint_of(fmt(s)))
                    for i, s in enumerate(cases)]
         for schema, handle in zip(cases, handles):
             result = handle.result(timeout=600)
@@ -80,9 +81,9 @@ def test_json_object_and_strict_schemas_on_the_default_model():
     with Engine("smollm2-135m-instruct", wait=True) as engine:
         ask = [{"role": "user", "content": "Name a city as JSON."}]
         objects = [engine.submit(messages=ask, max_tokens=200, temperature=0.5, seed=s,
-                                 response_format={"type": "json_object"}) for s in range(6)]
-        strict = [engine.submit(messages=ask, max_tokens=200, temperature=1.0, seed=s, response_format={
-            "type": "json_schema", "json_schema": {"name": "c", "schema": open_schema, "strict": True}}) for s in range(4)]
+                                 constraint=constraint_of({"type": "json_object"})) for s in range(6)]
+        strict = [engine.submit(messages=ask, max_tokens=200, temperature=1.0, seed=s, constraint=constraint_of({
+            "type": "json_schema", "json_schema": {"name": "c", "schema": open_schema, "strict": True}})) for s in range(4)]
         ended = [r for r in (h.result(timeout=300) for h in objects) if r.finish_reason == "stop"]
         assert ended and all(isinstance(json.loads(r.text), dict) for r in ended)
         for h in strict:
@@ -102,7 +103,7 @@ def test_free_rows_of_a_constrained_batch_equal_generate_step_alone():
             for i, p in enumerate(prompts):  # interleaved: constrained and free rows side by side
                 handles.append(engine.submit(prompt=p, max_tokens=12))
                 handles.append(engine.submit(prompt=p, max_tokens=200, temperature=1.0, seed=i,
-                                             response_format=fmt(cases[i])))
+                                             constraint=constraint_of(fmt(cases[i]))))
         results = [h.result(timeout=120) for h in handles]
         assert engine.status()["peak_batch_size"] == 8
     assert [r.token_ids for r in results[0::2]] == want
@@ -119,10 +120,10 @@ def test_regex_grammar_and_tool_call_constraints():
             return r.text
 
         for seed in range(5):
-            assert re.fullmatch(r"[A-Z][a-z]{2,6}-[0-9]{3}", run(from_request(guided_regex=r"[A-Z][a-z]{2,6}-[0-9]{3}"), seed=seed))
-            text = run(from_request(grammar='root ::= "yes" | "no" | ("maybe " [0-9])'), seed=seed)  # GBNF
+            assert re.fullmatch(r"[A-Z][a-z]{2,6}-[0-9]{3}", run(constraint_of(guided_regex=r"[A-Z][a-z]{2,6}-[0-9]{3}"), seed=seed))
+            text = run(constraint_of(grammar='root ::= "yes" | "no" | ("maybe " [0-9])'), seed=seed)  # GBNF
             assert text in ("yes", "no") or re.fullmatch(r"maybe [0-9]", text)
-            lark = run(from_request(guided_grammar='start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,3}/'), seed=seed)
+            lark = run(constraint_of(guided_grammar='start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,3}/'), seed=seed)
             assert re.fullmatch(r"\(\d{1,3}(,\d{1,3})*\)", lark)
         params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
@@ -146,7 +147,7 @@ def test_a_row_that_leaves_its_grammar_ends_alone_and_the_batch_goes_on():
 
     with Engine("tiny-llama", wait=True) as engine:
         forbidden = engine.loaded.tokenizer.encode("z", add_special_tokens=False)[0]
-        rogue = engine.submit(prompt="go", max_tokens=20, constraint=from_request(guided_regex="[0-9]+"),
+        rogue = engine.submit(prompt="go", max_tokens=20, constraint=constraint_of(guided_regex="[0-9]+"),
                               sampler=lambda logprobs: mx.full((logprobs.shape[0],), forbidden, dtype=mx.uint32))
         free = engine.submit(prompt="x y z", max_tokens=12)
         bad = rogue.result(timeout=60)
@@ -155,10 +156,9 @@ def test_a_row_that_leaves_its_grammar_ends_alone_and_the_batch_goes_on():
 
 
 @pytest.mark.parametrize("kwargs,words", [
-    ({"response_format": fmt({"type": "bogus"})}, "Invalid type"),
+    ({"constraint": constraint_of(fmt({"type": "bogus"}))}, "Invalid type"),
     ({"constraint": Constraint("regex", "([a-z")}, "regex"),
-    ({"constraint": from_request(guided_grammar="start: undefined_rule")}, "undefined_rule"),
-    ({"response_format": {"type": "xml"}}, "json_object or json_schema"),
+    ({"constraint": constraint_of(guided_grammar="start: undefined_rule")}, "undefined_rule"),
 ])
 def test_what_cannot_compile_is_a_one_line_request_error(kwargs, words):
     with Engine("tiny-llama", wait=True) as engine:
@@ -170,5 +170,17 @@ def test_what_cannot_compile_is_a_one_line_request_error(kwargs, words):
 
 def test_one_constraint_at_a_time():
     with pytest.raises(RequestError, match="give one output constraint"):
-        from_request(fmt({"type": "object"}), guided_regex="a+")
-    assert from_request({"type": "text"}) is None
+        constraint_of(fmt({"type": "object"}), guided_regex="a+")
+    with pytest.raises(RequestError, match="json_object or json_schema"):
+        constraint_of({"type": "xml"})
+    assert constraint_of({"type": "text"}) is None
+
+
+def test_the_engine_reads_no_wire_name():
+    """A constraint reaches the engine as a Constraint: the wire's response_format is read in
+    mlx_nb.api.constraint_fields, and Engine.submit says so when handed one."""
+    with Engine("tiny-llama", wait=True) as engine:
+        with pytest.raises(TypeError, match="constraint=constraint_of"):
+            engine.submit(prompt="go", response_format={"type": "json_object"})
+        with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):
+            engine.submit(prompt="go", temprature=0.5)

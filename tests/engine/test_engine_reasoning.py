@@ -12,6 +12,7 @@ import pytest
 
 from forcing import forcing
 from mlx_nb import Engine
+from mlx_nb.api.constraint_fields import constraint_of
 from mlx_nb.engine.reasoning import HARMONY, MAGISTRAL, THINK, ReasoningSplit, reasoning_format
 from mlx_nb.models import load_model
 
@@ -118,7 +119,7 @@ def test_a_schema_holds_the_answer_and_not_the_reasoning(thinker):
     no_end = {end: -100, _eos(thinker): -100}  # the reasoning runs to its budget (the grammar still ends the answer)
     for seed in range(4):
         r = thinker.submit(messages=[{"role": "user", "content": "hi"}], max_tokens=80, temperature=1.0, seed=seed,
-                           logit_bias=no_end, reasoning_budget=12, response_format=fmt).result()
+                           logit_bias=no_end, reasoning_budget=12, constraint=constraint_of(fmt)).result()
         assert r.finish_reason == "stop", r
         jsonschema.validate(json.loads(r.text), schema)
         assert r.token_ids[12] == end and end not in r.token_ids[:12]  # 12 free tokens, then the answer

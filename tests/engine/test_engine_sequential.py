@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from mlx_nb import Engine
+from mlx_nb.api.constraint_fields import constraint_of
 from mlx_nb.engine.prompts import encode_prompt
 from mlx_nb.models import load_model
 from reference import reply_tokens
@@ -172,5 +173,5 @@ def test_a_constrained_request_in_the_lane(engine):
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
     for seed in range(3):
         result = engine.submit(prompt=PROMPTS[1], max_tokens=40, temperature=1.0, seed=seed,
-                               response_format=fmt).result(timeout=60)
+                               constraint=constraint_of(fmt)).result(timeout=60)
         assert result.finish_reason == "stop" and 0 <= json.loads(result.text)["n"] <= 99

@@ -93,3 +93,13 @@ def test_the_server_draws_pictures_without_ipywidgets():
     for path in sorted(pictures.rglob("*.py")):
         names = [n for _, n in imported_modules(path, "mlx_nb.pictures")]
         assert not [n for n in names if n.startswith(("ipywidgets", "mlx_nb.widgets", "mlx_nb.engine"))], path.name
+
+
+def test_the_engine_reads_no_wire_format():
+    """The routes, the Client and the magics turn their wire formats into the engine's typed
+    SubmitRequest (a Constraint, not a response_format): no engine module imports mlx_nb.api."""
+    engine = MODELS.parent / "engine"
+    offenders = [f"{path.name}:{line} {name}" for path in sorted(engine.rglob("*.py"))
+                 for line, name in imported_modules(path, "mlx_nb.engine")
+                 if name == "mlx_nb.api" or name.startswith("mlx_nb.api.")]
+    assert not offenders, f"the engine imports the wire formats: {offenders}"

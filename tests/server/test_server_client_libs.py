@@ -12,7 +12,7 @@ import json
 import os
 
 import pytest
-from forcing import forcing
+from forcing import forced
 from server_helpers import MODEL
 
 from jupyter_ext.keys import KEY_FILE
@@ -31,13 +31,9 @@ def say(mlx_ready, monkeypatch):
     """`say(text)`: from now on every request's reply is exactly `text`, then end of turn."""
     engine = mlx_ready.engine
     tok = engine.loaded.tokenizer
-    submit = engine.submit
+    submit = engine.submit_request
     ids: list[int] = []
-
-    def forced_submit(**kw):
-        return submit(**kw, logits_processors=[forcing(list(ids))])
-
-    monkeypatch.setattr(engine, "submit", forced_submit)
+    monkeypatch.setattr(engine, "submit_request", lambda req: submit(forced(req, ids)))
 
     def set_reply(text: str) -> None:
         ids[:] = tok.encode(text, add_special_tokens=False) + [sorted(tok.eos_token_ids)[0]]

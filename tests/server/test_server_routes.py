@@ -475,14 +475,14 @@ async def test_openai_sdk_gets_the_tool_call_the_model_makes(jp_serverapp, http_
     parser, the SSE stream and the openai SDK's parsing are all the real thing. (`http_server` makes
     the test server answer on its port, which the SDK reaches through MLX_NB_URL.)"""
     import openai
-    from forcing import forcing
+    from forcing import forced
 
     engine = mlx_ready.engine
     tok = engine.loaded.tokenizer
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     ids = tok.encode(call, add_special_tokens=False) + [sorted(tok.eos_token_ids)[0]]
-    submit = engine.submit
-    monkeypatch.setattr(engine, "submit", lambda **kw: submit(**kw, logits_processors=[forcing(ids)]))
+    submit = engine.submit_request
+    monkeypatch.setattr(engine, "submit_request", lambda req: submit(forced(req, ids)))
     client = openai.AsyncOpenAI(base_url=os.environ["MLX_NB_URL"], api_key=jp_serverapp.identity_provider.token,
                                 max_retries=0, timeout=60)
     ask = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS, max_tokens=64)
