@@ -11,7 +11,7 @@
 
 #include "isa.h"
 #include "attn_row.h"
-#include "simd_tail.h"
+#include "elementwise.h"
 
 namespace mlxnb {
 namespace {
@@ -333,73 +333,6 @@ void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
   }
 }
 
-// Element-wise loops: whole vectors, and the tail through a padded copy so that every element goes
-// through the same vector code wherever it sits.
-void vexp(const float* x, float* y, int64_t n) {
-  map1<8>(x, y, n, [](const float* a, float* out) { _mm256_storeu_ps(out, exp8(_mm256_loadu_ps(a))); });
-}
-
-void silu_mul(const float* g, const float* u, float* y, int64_t n) {
-  map2<8>(g, u, y, n, [](const float* a, const float* b, float* out) {
-    const __m256 gv = _mm256_loadu_ps(a);
-    const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
-    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(b)));
-  });
-}
-
-void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
-  __m256 ss = _mm256_setzero_ps();
-  reduce1<8>(x, n, 0.0f, [&](const float* a) {
-    const __m256 v = _mm256_loadu_ps(a);
-    ss = _mm256_fmadd_ps(v, v, ss);
-  });
-  const float r = 1.0f / std::sqrt(hsum(ss) / static_cast<float>(n) + eps);
-  const __m256 rv = _mm256_set1_ps(r);
-  map2<8>(x, w, y, n, [&](const float* a, const float* b, float* out) {
-    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(a), rv), _mm256_loadu_ps(b)));
-  });
-}
-
-float row_max(const float* x, int64_t n) {
-  __m256 m = _mm256_set1_ps(-INFINITY);
-  reduce1<8>(x, n, -INFINITY, [&](const float* a) { m = _mm256_max_ps(m, _mm256_loadu_ps(a)); });
-  return hmax(m);
-}
-
-float exp_sum(const float* x, float* y, int64_t n, float m) {
-  const __m256 mv = _mm256_set1_ps(m);
-  __m256 s = _mm256_setzero_ps();
-  map1<8>(x, y, n, [&](const float* a, float* out) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(a), mv));
-    s = _mm256_add_ps(s, e);
-    if (out) _mm256_storeu_ps(out, e);
-  }, /*pad=*/-INFINITY);
-  return hsum(s);
-}
-
-float softmax(const float* x, float* y, int64_t n) {
-  const float m = row_max(x, n);
-  if (m == -INFINITY) {
-    std::memset(y, 0, n * sizeof(float));
-    return -INFINITY;
-  }
-  const float s = exp_sum(x, y, n, m);
-  const __m256 inv = _mm256_set1_ps(1.0f / s);
-  map1<8>(y, y, n, [&](const float* a, float* out) { _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_loadu_ps(a), inv)); });
-  return m + std::log(s);
-}
-
-float logsumexp(const float* x, int64_t n) {
-  const float m = row_max(x, n);
-  if (!std::isfinite(m)) return m;
-  return m + std::log(exp_sum(x, nullptr, n, m));
-}
-
-void sub_scalar(const float* x, float c, float* y, int64_t n) {
-  const __m256 cv = _mm256_set1_ps(c);
-  map1<8>(x, y, n, [&](const float* a, float* out) { _mm256_storeu_ps(out, _mm256_sub_ps(_mm256_loadu_ps(a), cv)); });
-}
-
 // This instruction set's vector operations, for the kernels written once over them (attn_row.h).
 struct Vec {
   static constexpr int W = 8;
@@ -410,13 +343,19 @@ struct Vec {
   static reg set1(float x) { return _mm256_set1_ps(x); }
   static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
   static float hsum(reg v) { return mlxnb::hsum(v); }
+  static float hmax(reg v) { return mlxnb::hmax(v); }
   static bool dot16(const float*, const float*, int64_t, int64_t, float*) { return false; }
   static reg exp(reg v) { return exp8(v); }
 };
 
 }  // namespace
 
-const Isa kAvx2 = {"avx2", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar, attn_row_t<Vec>};
+const Isa kAvx2 = {"avx2", quantize_rows, qgemm, vexp_t<Vec>, silu_mul_t<Vec>, rms_norm_t<Vec>,
+                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_row_t<Vec>};
 
 }  // namespace mlxnb

@@ -8,7 +8,7 @@
 
 #include "isa.h"
 #include "attn_row.h"
-#include "simd_tail.h"
+#include "elementwise.h"
 
 namespace mlxnb {
 namespace {
@@ -270,70 +270,6 @@ void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
   }
 }
 
-void vexp(const float* x, float* y, int64_t n) {
-  map1<16>(x, y, n, [](const float* a, float* out) { _mm512_storeu_ps(out, exp16(_mm512_loadu_ps(a))); });
-}
-
-void silu_mul(const float* g, const float* u, float* y, int64_t n) {
-  map2<16>(g, u, y, n, [](const float* a, const float* b, float* out) {
-    const __m512 gv = _mm512_loadu_ps(a);
-    const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
-    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(b)));
-  });
-}
-
-void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
-  __m512 ss = _mm512_setzero_ps();
-  reduce1<16>(x, n, 0.0f, [&](const float* a) {
-    const __m512 v = _mm512_loadu_ps(a);
-    ss = _mm512_fmadd_ps(v, v, ss);
-  });
-  const __m512 rv = _mm512_set1_ps(1.0f / std::sqrt(hsum(ss) / static_cast<float>(n) + eps));
-  map2<16>(x, w, y, n, [&](const float* a, const float* b, float* out) {
-    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(a), rv), _mm512_loadu_ps(b)));
-  });
-}
-
-float row_max(const float* x, int64_t n) {
-  __m512 m = _mm512_set1_ps(-INFINITY);
-  reduce1<16>(x, n, -INFINITY, [&](const float* a) { m = _mm512_max_ps(m, _mm512_loadu_ps(a)); });
-  return hmax(m);
-}
-
-float exp_sum(const float* x, float* y, int64_t n, float m) {
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 s = _mm512_setzero_ps();
-  map1<16>(x, y, n, [&](const float* a, float* out) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(a), mv));
-    s = _mm512_add_ps(s, e);
-    if (out) _mm512_storeu_ps(out, e);
-  }, /*pad=*/-INFINITY);
-  return hsum(s);
-}
-
-float softmax(const float* x, float* y, int64_t n) {
-  const float m = row_max(x, n);
-  if (m == -INFINITY) {
-    std::memset(y, 0, n * sizeof(float));
-    return -INFINITY;
-  }
-  const float s = exp_sum(x, y, n, m);
-  const __m512 inv = _mm512_set1_ps(1.0f / s);
-  map1<16>(y, y, n, [&](const float* a, float* out) { _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_loadu_ps(a), inv)); });
-  return m + std::log(s);
-}
-
-float logsumexp(const float* x, int64_t n) {
-  const float m = row_max(x, n);
-  if (!std::isfinite(m)) return m;
-  return m + std::log(exp_sum(x, nullptr, n, m));
-}
-
-void sub_scalar(const float* x, float c, float* y, int64_t n) {
-  const __m512 cv = _mm512_set1_ps(c);
-  map1<16>(x, y, n, [&](const float* a, float* out) { _mm512_storeu_ps(out, _mm512_sub_ps(_mm512_loadu_ps(a), cv)); });
-}
-
 // The dot products of q with 16 consecutive keys, each summed exactly as dot_row sums one (16-lane
 // partials over D, then hsum's tree: x[i] + x[i + 8], + [i + 4], + [i + 2], + [i + 1]), but the 16
 // trees reduced together with shuffles instead of one horizontal sum a key. D a multiple of 16.
@@ -374,13 +310,19 @@ struct Vec {
   static reg set1(float x) { return _mm512_set1_ps(x); }
   static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
   static float hsum(reg v) { return mlxnb::hsum(v); }
+  static float hmax(reg v) { return mlxnb::hmax(v); }
   static reg exp(reg v) { return exp16(v); }
   static bool dot16(const float* q, const float* k, int64_t ks, int64_t D, float* out) { return dot16_keys(q, k, ks, D, out); }
 };
 
 }  // namespace
 
-const Isa kAvx512 = {"avx512", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar, attn_row_t<Vec>};
+const Isa kAvx512 = {"avx512", quantize_rows, qgemm, vexp_t<Vec>, silu_mul_t<Vec>, rms_norm_t<Vec>,
+                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_row_t<Vec>};
 
 }  // namespace mlxnb
