@@ -22,8 +22,8 @@ def _perplexity(loaded, ids):
 def test_perplexity_within_2_percent_of_float32():
     kernels = load_model("smollm2-135m-instruct")
     assert kernels.dtype == "kernels"
-    ids = kernels.tokenizer.encode(TEXT.read_text())[:1025]
-    assert len(ids) == 1025
+    ids = kernels.tokenizer.encode(TEXT.read_text())[:513]  # bench/quality.py reads all of it
+    assert len(ids) == 513
     ours = _perplexity(kernels, ids)
     del kernels
     with pytest.MonkeyPatch.context() as mp:
