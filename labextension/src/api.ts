@@ -70,20 +70,21 @@ export interface ChatMessage {
 }
 
 /**
- * A streamed chat through the chat completions route: `onText` gets each piece of the answer as
- * it comes, `onReasoning` each piece of a thinking model's reasoning (it streams first, as
- * `delta.reasoning_content`). Aborting `signal` closes the stream, which aborts the request on
- * the server.
+ * A streamed chat through the chat completions route, at most `maxTokens` long: `onText` gets
+ * each piece of the answer as it comes, `onReasoning` each piece of a thinking model's reasoning
+ * (it streams first, as `delta.reasoning_content`). Aborting `signal` closes the stream, which
+ * aborts the request on the server.
  */
 export async function streamChat(
   messages: ChatMessage[],
+  maxTokens: number,
   onText: (piece: string) => void,
   signal: AbortSignal,
   onReasoning: (piece: string) => void = () => undefined
 ): Promise<string | null> {
   const init: RequestInit = {
     method: 'POST',
-    body: JSON.stringify({ messages, stream: true, max_tokens: 512 }),
+    body: JSON.stringify({ messages, stream: true, max_tokens: maxTokens }),
     headers: { 'Content-Type': 'application/json', 'X-MLX-Source': 'Lab sidebar chat' },
     signal
   };

@@ -2,15 +2,19 @@
 // with the next question by pasting or dropping them on the box (for a vision model; a text model
 // answers with the route's one-line error). The answer is model output, so it is rendered as
 // untrusted Markdown (JupyterLab's sanitizer drops any HTML that could run), or as plain text
-// where no renderer is available.
+// where no renderer is available. A Lumino widget: the sidebar holds it as a child, and disposing
+// it (with the sidebar) stops an answer still streaming.
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
+import { Widget } from '@lumino/widgets';
 
 import { ChatMessage, ContentPart, streamChat } from './api';
+import { DEFAULT_SETTINGS } from './settings';
 
 const RENDER_MS = 100; // the answer is re-rendered at most this often while it streams
 
-export class ChatBox {
-  readonly node = document.createElement('div');
+export class ChatBox extends Widget {
+  /** Most tokens asked for in one answer (the chatMaxTokens setting). */
+  maxTokens = DEFAULT_SETTINGS.chatMaxTokens;
   private log = document.createElement('div');
   private input = document.createElement('textarea');
   private send = document.createElement('button');
@@ -21,7 +25,8 @@ export class ChatBox {
   private attached = document.createElement('div');
 
   constructor(private rendermime: IRenderMimeRegistry | null) {
-    this.node.className = 'mlx-nb-Chat';
+    super();
+    this.addClass('mlx-nb-Chat');
     this.log.className = 'mlx-nb-Chat-log';
     this.input.className = 'mlx-nb-Chat-input';
     this.input.placeholder = 'Ask the model (Enter sends, Shift+Enter for a new line)';
@@ -47,6 +52,15 @@ export class ChatBox {
         void this.ask();
       }
     });
+  }
+
+  /** Stops the answer still streaming, if any: closing its stream aborts the request on the server. */
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this.running?.abort();
+    super.dispose();
   }
 
   /** Images pasted or dropped: read as data: URLs, shown as thumbnails until the question goes. */
@@ -124,6 +138,7 @@ export class ChatBox {
     try {
       reason = await streamChat(
         messages,
+        this.maxTokens,
         piece => {
           text += piece;
           thinking.answered();
@@ -137,6 +152,9 @@ export class ChatBox {
       );
     } catch (err) {
       reason = this.running.signal.aborted ? 'stopped' : `error: ${(err as Error).message}`;
+    }
+    if (this.isDisposed) {
+      return; // the box is gone (its dispose stopped the stream): nothing shows the answer now
     }
     thinking.answered();
     await this.render(body, text);

@@ -1,12 +1,9 @@
 // The status bar item and the "MLX" sidebar. Text reaches the page through textContent only:
 // request labels and sources come from other notebooks and clients, so nothing is parsed as HTML.
-import { Widget } from '@lumino/widgets';
+import { Panel, Widget } from '@lumino/widgets';
 
 import { abortRequest } from './api';
 import { EngineStatus, RequestStatus, shortName, stateOf, waiting } from './data';
-
-export const TIMELINE_LANES = 12;
-
 
 /** One line: model · state · batch · queue · tokens/s. Clicking it runs `onClick`. */
 export class StatusItem extends Widget {
@@ -36,12 +33,17 @@ export class StatusItem extends Widget {
   }
 }
 
-/** The live requests of every notebook and client, each with an Abort button. */
-export class Sidebar extends Widget {
+/**
+ * The live requests of every notebook and client, each with an Abort button, and the selected
+ * one's cache; below them the parts added (the chat box), then the batch timeline. A panel of
+ * widgets, so a part is a child widget: it gets Lumino's messages and is disposed with the sidebar.
+ */
+export class Sidebar extends Panel {
+  private requests = new Widget();
   private header = document.createElement('div');
   private list = document.createElement('ul');
-  private timeline = document.createElement('div');
   private cache = document.createElement('div');
+  private timeline = new Widget();
   /** The request whose cache is shown (a row was clicked), while it is live. */
   selected: string | null = null;
 
@@ -53,14 +55,17 @@ export class Sidebar extends Widget {
     this.title.caption = 'The shared MLX engine';
     this.header.className = 'mlx-nb-Sidebar-header';
     this.list.className = 'mlx-nb-Sidebar-requests';
-    this.timeline.className = 'mlx-nb-Sidebar-timeline';
     this.cache.className = 'mlx-nb-Sidebar-cache';
-    this.node.append(this.header, this.list, this.cache, this.timeline);
+    this.requests.addClass('mlx-nb-Sidebar-live');
+    this.requests.node.append(this.header, this.list, this.cache);
+    this.timeline.addClass('mlx-nb-Sidebar-timeline');
+    this.addWidget(this.requests);
+    this.addWidget(this.timeline);
   }
 
-  /** A part below the requests (the chat box). */
-  addPart(node: HTMLElement): void {
-    this.node.insertBefore(node, this.timeline);
+  /** A part between the requests and the timeline (the chat box). */
+  addPart(part: Widget): void {
+    this.insertWidget(this.widgets.indexOf(this.timeline), part);
   }
 
   /** The selected request's cache (rows x positions per layer type), or nothing once it ended. */
@@ -75,13 +80,13 @@ export class Sidebar extends Widget {
 
   /** The width the pictures have to fill (they are drawn for it, so text keeps its size). */
   get pictureWidth(): number {
-    return this.timeline.clientWidth;
+    return this.timeline.node.clientWidth;
   }
 
   /** The batch timeline (every request of every notebook and client, joining and leaving). */
   showTimeline(picture: SVGSVGElement | null): void {
     if (picture !== null) {
-      this.timeline.replaceChildren(picture);
+      this.timeline.node.replaceChildren(picture);
     }
   }
 

@@ -5,7 +5,9 @@ so `jupyter labextension list` lists it enabled. A `jupyter lab` process serves 
 clients chat at once, each naming its notebook (X-MLX-Source, as mlx_nb's Client does): the status
 bar shows batch 2, the MLX sidebar lists both by notebook, and its Abort button ends one while the
 other completes. Text contrast is measured in the light and the dark theme; screenshots land in
-test-output/browser/.
+test-output/browser/. The extension's settings (poll interval, timeline lanes, chat length) take
+effect when changed in the Settings Editor; its status poll backs off while the engine's route
+fails, returns to its interval when it answers, and stands by while the page is hidden.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import re
 import threading
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
@@ -186,6 +189,7 @@ def test_sidebar_chat_streams_and_stops(lab, page):
         expect(item).to_contain_text("long-llama · ready", timeout=WAIT_S * MS)
         item.click()
         box = page.locator("#mlx-nb-sidebar .mlx-nb-Chat")
+        expect(box).to_have_class(re.compile(r"\blm-Widget\b"))  # a Lumino widget, the sidebar's child
         box.locator(".mlx-nb-Chat-input").fill("What is the capital of France?")
         box.locator(".mlx-nb-Chat-input").press("Enter")
         answers = box.locator(".mlx-nb-Chat-assistant")
@@ -222,6 +226,130 @@ def test_sidebar_chat_streams_and_stops(lab, page):
                 break
         assert answer.get_attribute("data-finish") == "stopped", "every answer ended before Stop landed"
         assert reasons.get(chats[-1]) == "abort", (chats, reasons)
+        assert not errors, errors
+
+
+SETTINGS_ROUTE = "lab/api/settings/mlx-nb-labextension:plugin"  # the extension's settings, schema/plugin.json
+
+
+def route_is(url: str, route: str) -> bool:
+    """Whether `url` is a request to the engine's `route` (the Lab adds a cache-busting query)."""
+    return urlparse(url).path.endswith(f"/mlx/v1/{route}")
+
+
+def count_during(page, seen: list, ms: int) -> int:
+    """How many requests land in `seen` (filled by a page.on("request") handler) in the next `ms`."""
+    before = len(seen)
+    page.wait_for_timeout(ms)
+    return len(seen) - before
+
+
+def change_setting(page, title: str, value: str) -> None:
+    """Type `value` into the Settings Editor's field `title` (MLX engine), until the Lab saved it."""
+    field = page.locator(f".jp-SettingsPanel input[label='{title}']")
+    with page.expect_response(lambda r: r.request.method == "PUT" and SETTINGS_ROUTE in r.url) as saved:
+        field.fill(value)
+    assert saved.value.status == 204, saved.value.text()
+
+
+def test_settings_editor_changes_take_effect_without_a_reload(lab, page):
+    """The "MLX engine" settings in the Lab's Settings Editor apply as they are saved: a longer poll
+    interval quiets the status polls, the timeline asks for the lanes set, the chat for its length,
+    and a shorter interval brings the polls back."""
+    from playwright.sync_api import expect
+
+    with watched(page, lab, "labext-99-settings-failure") as errors:
+        polls, pictures = [], []
+        page.on("request", lambda r: polls.append(r.url) if route_is(r.url, "status") else None)
+        page.on("request", lambda r: pictures.append(r.url) if route_is(r.url, "batch.svg") else None)
+        page.goto(f"{lab.base}/lab?token={lab.token}", wait_until="domcontentloaded", timeout=60 * MS)
+        item = page.locator(".mlx-nb-StatusItem")
+        expect(item).to_contain_text("long-llama · ready", timeout=WAIT_S * MS)
+        item.click()  # the sidebar shows: each poll redraws its timeline too
+        with page.expect_request(lambda r: route_is(r.url, "batch.svg")) as first:
+            pass
+        assert parse_qs(urlparse(first.value.url).query)["lanes"] == ["12"]  # the default
+        assert count_during(page, polls, 4000) >= 2  # every second, by default
+
+        menu(page, "Settings", "Settings Editor")
+        page.locator(".jp-PluginList-entry", has_text="MLX engine").click()
+        change_setting(page, "Status poll interval (ms)", "60000")
+        # the settings apply in the order saved: once the timeline asks for 3 lanes, the minute applies
+        with page.expect_request(lambda r: route_is(r.url, "batch.svg") and "lanes=3&" in r.url,
+                                 timeout=WAIT_S * MS):
+            change_setting(page, "Timeline lanes", "3")
+        assert count_during(page, polls, 5000) <= 1, polls[-4:]  # the next poll is a minute away
+        _shot(page, "labext-light-05-settings")
+
+        change_setting(page, "Chat answer length (tokens)", "5")
+        box = page.locator("#mlx-nb-sidebar .mlx-nb-Chat")
+        with page.expect_request(lambda r: route_is(r.url, "chat/completions")) as asked:
+            box.locator(".mlx-nb-Chat-input").fill("Hello?")
+            box.locator(".mlx-nb-Chat-input").press("Enter")
+        assert asked.value.post_data_json["max_tokens"] == 5
+        expect(box.locator(".mlx-nb-Chat-assistant").first).to_have_attribute(
+            "data-finish", re.compile("."), timeout=WAIT_S * MS)
+
+        change_setting(page, "Status poll interval (ms)", "250")
+        assert count_during(page, polls, 4000) >= 3  # polling again, faster than the default
+        assert all(parse_qs(urlparse(url).query)["lanes"] == ["3"] for url in pictures[-3:]), pictures[-3:]
+        assert not errors, errors
+
+
+HIDE_PAGE = """hidden => {
+  if (hidden) {
+    Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => 'hidden'});
+  } else {
+    delete document.visibilityState;  // the prototype's getter again: 'visible'
+  }
+  document.dispatchEvent(new Event('visibilitychange'));
+}"""
+
+
+def test_status_poll_backs_off_while_the_engine_fails_and_stands_by_while_hidden(lab, page):
+    """With a 250-ms poll interval saved before the page loads: while the status route answers 503
+    the poll backs off (far fewer requests than a fixed 250-ms loop would make), it returns to its
+    interval once the route answers again, and it stops while the page is hidden. Counts, not
+    timings: each bound is several times the distance between the two behaviours' expected counts."""
+    from playwright.sync_api import expect
+
+    saved = httpx.put(f"{lab.base}/{SETTINGS_ROUTE}", json={"raw": json.dumps({"pollInterval": 250})},
+                      headers={"Authorization": f"token {lab.token}"}, timeout=30, trust_env=False)
+    assert saved.status_code == 204, saved.text  # the server knows the schema: the extension's build ships it
+    refused = httpx.put(f"{lab.base}/{SETTINGS_ROUTE}", json={"raw": json.dumps({"pollInterval": 10})},
+                        headers={"Authorization": f"token {lab.token}"}, timeout=30, trust_env=False)
+    assert refused.status_code == 400, refused.text  # below the schema's minimum
+
+    with watched(page, lab, "labext-99-backoff-failure") as errors:
+        polls = []
+        page.on("request", lambda r: polls.append(r.url) if route_is(r.url, "status") else None)
+        page.goto(f"{lab.base}/lab?token={lab.token}", wait_until="domcontentloaded", timeout=60 * MS)
+        item = page.locator(".mlx-nb-StatusItem")
+        expect(item).to_contain_text("long-llama · ready", timeout=WAIT_S * MS)
+        assert count_during(page, polls, 4000) >= 8  # the saved 250 ms (the default 1000 ms makes 4 or 5)
+
+        def status(url: str) -> bool:
+            return route_is(url, "status")
+
+        def unavailable(route) -> None:
+            route.fulfill(status=503, content_type="application/json", body='{"error": "test"}')
+
+        page.route(status, unavailable)
+        expect(item).to_have_attribute("data-state", "error", timeout=WAIT_S * MS)
+        expect(item).to_contain_text("status 503")
+        failing = count_during(page, polls, 10000)
+        assert failing < 20, f"{failing} polls in 10 s of failures: a fixed 250-ms loop makes 40"
+
+        page.unroute(status, unavailable)
+        expect(item).to_contain_text("long-llama · ready", timeout=WAIT_S * MS)  # within the 10 s back-off limit
+        recovered = count_during(page, polls, 4000)
+        assert recovered >= 6, f"{recovered} polls in 4 s once the engine answers (failing: {failing} in 10 s)"
+
+        page.evaluate(HIDE_PAGE, True)
+        hidden = count_during(page, polls, 4000)
+        assert hidden <= 2, f"{hidden} polls in 4 s while hidden (one tick lingers)"
+        page.evaluate(HIDE_PAGE, False)
+        assert count_during(page, polls, 4000) >= 6  # back to the interval once the page shows
         assert not errors, errors
 
 
