@@ -6,7 +6,9 @@ the tests (building a fresh one means downloading MLX and JupyterLab: minutes, a
 make is told the venv, the optional system packages and the CPU kernels are up to date (`-o
 .venv/.installed -o system-deps -o kernels`: a test installs and compiles nothing; the clone then runs
 on MLX's own ops, which says it works without a compiler too); everything else is the clone's own Makefile and code
-(PYTHONPATH points at the clone).
+(PYTHONPATH points at the clone). The Lab extension's npm packages are this checkout's when its lock
+file is the clone's (`npm ci` would install the same files; the `make test` that runs this test has
+already run it here), so the clone's build compiles and bundles without downloading.
 """
 
 import os
@@ -33,6 +35,11 @@ def clone(tmp_path):
     dest = tmp_path / "mlx-nb"
     subprocess.run(["git", "clone", "-q", str(REPO), str(dest)], check=True)
     (dest / ".venv").symlink_to(sys.prefix)  # the virtualenv running this test
+    ours, theirs = REPO / "labextension", dest / "labextension"
+    if (ours / "node_modules").is_dir() and (ours / "package-lock.json").read_bytes() == \
+            (theirs / "package-lock.json").read_bytes():
+        (theirs / "node_modules").symlink_to(ours / "node_modules")
+        os.utime(theirs / "package-lock.json", (0, 0))  # older than the packages: the build skips `npm ci`
     return dest
 
 
