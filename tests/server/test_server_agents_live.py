@@ -6,6 +6,8 @@ Their prompts are long (Claude Code's is ~77k bytes: system prompt and two dozen
 model is a tiny random mamba2 with a long context: it reads a whole agent prompt in seconds (no
 attention), its template renders no tools (they go in the generic format), and sampled at
 temperature 1 (its generation_config) it ends its reply by itself within a few hundred tokens.
+A second one has a thinking template (it opens `<think>` in the prompt): OpenCode, given a thinking
+budget in its model options, shows the reasoning as its own part and the answer apart.
 """
 
 import json
@@ -29,18 +31,23 @@ def jp_server_cleanup():
     yield
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def agent_model(tmp_path_factory, name: str, template: str) -> Path:
     from mlx_nb.compat.configs import tiny_config
     from mlx_nb.models.fixtures import write_random_model
-    from mlx_nb.models.templates import LENIENT_CHATML
 
-    model = tmp_path_factory.mktemp("models") / MODEL
+    model = tmp_path_factory.mktemp("models") / name
     model.mkdir()
     config = {**tiny_config("mamba2"), "max_position_embeddings": 262144}
-    write_random_model(model, config, LENIENT_CHATML, seed=11)
+    write_random_model(model, config, template, seed=11)
     (model / "generation_config.json").write_text(json.dumps({"temperature": 1.0}))
-    with serving(tmp_path_factory.mktemp("live"), str(model)) as server:
+    return model
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from mlx_nb.models.templates import LENIENT_CHATML
+
+    with serving(tmp_path_factory.mktemp("live"), str(agent_model(tmp_path_factory, MODEL, LENIENT_CHATML))) as server:
         yield server
 
 
@@ -84,9 +91,43 @@ def test_codex(live, tmp_path):
     run_agent(live, tmp_path, "codex", {"MLX_NB_API_KEY": live.key}, ["exec", "--skip-git-repo-check", "Say hi."])
 
 
-def test_opencode(live, tmp_path):
-    config = {"$schema": "https://opencode.ai/config.json", "model": f"mlx/{MODEL}", "provider": {"mlx": {
+def opencode_config(live, model: str, options: dict) -> str:
+    return json.dumps({"$schema": "https://opencode.ai/config.json", "model": f"mlx/{model}", "provider": {"mlx": {
         "npm": "@ai-sdk/openai-compatible", "name": "mlx-nb",
-        "options": {"baseURL": live.url, "apiKey": "{env:MLX_NB_API_KEY}"}, "models": {MODEL: {}}}}}
-    home_config(tmp_path, ".config/opencode/opencode.json", json.dumps(config))
+        "options": {"baseURL": live.url, "apiKey": "{env:MLX_NB_API_KEY}"}, "models": {model: options}}}})
+
+
+def test_opencode(live, tmp_path):
+    home_config(tmp_path, ".config/opencode/opencode.json", opencode_config(live, MODEL, {}))
     run_agent(live, tmp_path, "opencode", {"MLX_NB_API_KEY": live.key}, ["run", "Say hi."])
+
+
+BUDGET = 8
+
+
+def test_opencode_shows_a_thinking_models_reasoning_apart(tmp_path_factory, tmp_path):
+    """The reasoning reaches OpenCode as `reasoning_content` and becomes its own part, closed by the
+    thinking budget OpenCode's model options send (at most BUDGET byte tokens: a few characters);
+    the answer part follows it, without the marker that closed the reasoning."""
+    from mlx_nb.models.templates import THINKING_CHATML
+
+    model = agent_model(tmp_path_factory, "thinking-agent", THINKING_CHATML)
+    with serving(tmp_path_factory.mktemp("live-thinking"), str(model)) as live:
+        assert live.get("status")["reasoning"] == "think"
+        # a random model: no end of turn and no `</think>` of its own (the budget writes it), and
+        # its answer as long as max_tokens, so both parts always have text
+        never = {str(i): -100 for text in ("<|im_end|>", "</think>")
+                 for i in live.http.post(f"{live.url}/tokenize", json={"content": text}).json()["tokens"]}
+        options = {"reasoning_budget": BUDGET, "logit_bias": never, "max_tokens": 24}
+        home_config(tmp_path, ".config/opencode/opencode.json",
+                    opencode_config(live, model.name, {"options": options}))
+        done = run_agent(live, tmp_path, "opencode", {"MLX_NB_API_KEY": live.key},
+                         ["run", "--format", "json", "--thinking", "Say hi."])
+    # one event a line; split on "\n" only: a random answer may hold U+2028, which JSON leaves unescaped
+    parts = [json.loads(line)["part"] for line in done.stdout.split("\n") if line.startswith("{")]
+    kinds = [p["type"] for p in parts if p["type"] in ("reasoning", "text")]
+    assert kinds[:2] == ["reasoning", "text"], kinds
+    reasoning = next(p["text"] for p in parts if p["type"] == "reasoning")
+    answer = "".join(p["text"] for p in parts if p["type"] == "text")
+    assert 0 < len(reasoning) <= BUDGET and answer.strip()
+    assert "think>" not in reasoning + answer  # the marker the budget wrote is in neither part
