@@ -104,8 +104,9 @@ class GenerateHandler(ProxyMixin, MLXHandler):
                        (start, end) if start and end else None, fmt)
 
     async def submit(self, requests: list[dict]) -> list:
-        """Queue every choice back to back (off the event loop: submit templates and tokenizes).
-        The route's keywords become the engine's typed request here, named for who sent them."""
+        """Queue every choice (off the event loop: submit templates and tokenizes); the engine admits
+        a route's n choices at one step. The route's keywords become the engine's typed request
+        here, named for who sent them."""
         source = self.source()
         typed = [SubmitRequest.of(**kw, source=source) for kw in requests]
         if self.ext.remote is not None:
@@ -116,19 +117,7 @@ class GenerateHandler(ProxyMixin, MLXHandler):
                 for req in typed:
                     if req.messages is not None:
                         req.messages = await prefetch_remote_images(req.messages, engine.image_options)
-
-            def submit_all():
-                out = []
-                try:
-                    for req in typed:
-                        out.append(engine.submit_request(req))
-                except BaseException:
-                    for handle in out:
-                        handle.abort()
-                    raise
-                return out
-
-            handles = await asyncio.to_thread(submit_all)
+            handles = await asyncio.to_thread(engine.submit_requests, typed)  # n choices start together
         self.handles = handles
         if self.gone:  # left while the prompt was being tokenized
             for handle in handles:

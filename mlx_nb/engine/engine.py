@@ -170,7 +170,21 @@ class Engine:
         return self.submit_request(SubmitRequest.of(messages=messages, prompt=prompt, **fields))
 
     def submit_request(self, req: SubmitRequest) -> RequestHandle:
-        """Validate, template and queue a request; returns at once with its handle.
+        """Validate, template and queue a request; returns at once with its handle (see `_prepared`)."""
+        live = self._prepared(req)
+        self._loop.submit(live)
+        return live.handle
+
+    def submit_requests(self, reqs: list[SubmitRequest]) -> list[RequestHandle]:
+        """Several requests that start together: all are validated and templated first (one refused
+        queues none), then the engine admits them at the same step, so they are read as one prompt
+        batch and decode side by side (a route's `n` choices)."""
+        lives = [self._prepared(req) for req in reqs]
+        self._loop.submit_all(lives)
+        return [live.handle for live in lives]
+
+    def _prepared(self, req: SubmitRequest) -> LiveRequest:
+        """A request validated, templated and tokenized on the caller's thread, ready to queue.
 
         `logits_processors` (`fn(tokens, logits) -> logits`) and `sampler` (`fn(logprobs) -> token ids`)
         run on this request's row only; one that raises or returns the wrong shape or dtype ends
@@ -248,8 +262,7 @@ class Engine:
             images=images,
             extra=extra,
         )
-        self._loop.submit(live)
-        return handle
+        return live
 
     def _reasoning_format(self, loaded):
         """The loaded model's reasoning markers (engine/reasoning.py), found once per model."""

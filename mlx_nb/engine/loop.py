@@ -6,8 +6,8 @@ releases the model and the batch, and its worker thread goes back to the idle po
 here too (their abort), so a handle kept in a variable does not keep a whole Engine alive.
 
 MLX is touched by this thread only: model load, every batch step, memory policy, status reads.
-Other threads talk to it through `commands`: ("submit", live), ("abort", id), ("call", fn, future),
-("close",).
+Other threads talk to it through `commands`: ("submit", live), ("submit_all", [live, ...]: admitted
+together), ("abort", id), ("call", fn, future), ("close",).
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ class Bursts:
 
 class EngineClosedError(RuntimeError):
     pass
+
+
+def _submitted(cmd: tuple) -> list:
+    """The requests a command queues (none for the other commands)."""
+    return list(cmd[1]) if cmd[0] == "submit_all" else [cmd[1]] if cmd[0] == "submit" else []
 
 
 class EngineLoop:
@@ -171,10 +176,10 @@ class EngineLoop:
                 cmd = self.commands.get(block=idle)
             except queue.Empty:
                 cmd = None
-            starts = idle and cmd is not None and cmd[0] == "submit"
+            starts = idle and cmd is not None and cmd[0] in ("submit", "submit_all")
             burst_end = self.bursts.leave_idle(time.monotonic()) if starts else 0.0
             while cmd is not None:
-                if cmd[0] == "submit":
+                for _ in _submitted(cmd):
                     self.bursts.submitted(time.monotonic())
                 if not self._handle(cmd):
                     return
@@ -198,6 +203,8 @@ class EngineLoop:
 
     def _handle(self, cmd: tuple) -> bool:
         kind = cmd[0]
+        if kind == "submit_all":  # admitted in one go: nothing runs a step between them
+            return all(self._handle(("submit", live)) for live in cmd[1])
         if kind == "submit":
             live = cmd[1]
             if live.handle.done:  # aborted before it was admitted
@@ -246,9 +253,9 @@ class EngineLoop:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "submit":
-                cmd[1].finish("abort", error="the engine was closed before this request started")
-            elif cmd[0] == "call":
+            for live in _submitted(cmd):
+                live.finish("abort", error="the engine was closed before this request started")
+            if cmd[0] == "call":
                 cmd[2].set_exception(EngineClosedError("the engine is closed"))
 
     # -- other threads -----------------------------------------------------------------------
@@ -279,6 +286,15 @@ class EngineLoop:
                 self.commands.put(("submit", live))
                 return
         live.finish("abort", error="the engine was closed before this request started")
+
+    def submit_all(self, lives: list) -> None:
+        """Queue requests to be admitted together, at one step (or end them all if the loop has stopped)."""
+        with self.stop_lock:
+            if not self.stopped:
+                self.commands.put(("submit_all", list(lives)))
+                return
+        for live in lives:
+            live.finish("abort", error="the engine was closed before this request started")
 
     def abort(self, request_id: str) -> None:
         if not self.closing:

@@ -78,3 +78,34 @@ def test_abort_mid_decode_leaves_others_unchanged(model_case):
         assert results[i].token_ids == refs[i], f"{name}: request {i} changed when its neighbour was aborted"
     filters = [e for e in engine.events() if e["kind"] == "filter" and victim.id in e["requests"]]
     assert filters and filters[-1]["detail"]["reason"] == "abort"
+
+
+def test_requests_submitted_together_are_admitted_at_one_step_or_not_at_all():
+    """`submit_requests` (a route's n choices: one prompt, n rows): every row is read in the same
+    prompt batch and decodes from the same step, each equal to the model alone, whatever the batch
+    was doing when they came; one refused at submit queues none of them."""
+    from mlx_nb.engine.submit_request import SubmitRequest
+    from mlx_nb.engine.types import RequestError
+
+    from reference import reply_tokens
+
+    prompts = ["a prompt every choice reads, " * 3] * 4
+    loaded = load_model("tiny-llama")
+    want = [reply_tokens(loaded, encode_prompt(loaded.tokenizer, prompts[0], chat=False), 8)] * 4
+    del loaded
+    with Engine("tiny-llama", wait=True) as engine:
+        for _ in range(3):  # whatever the engine was doing when they came
+            since = engine.events()[-1]["seq"] if engine.events() else 0
+            busy = engine.submit(prompt="keep the batch busy", max_tokens=24)  # a row already decoding
+            handles = engine.submit_requests([SubmitRequest.of(prompt=p, max_tokens=8) for p in prompts])
+            assert [h.result(timeout=120).token_ids for h in handles] == want
+            busy.result(timeout=120)
+            ids = {h.id for h in handles}
+            steps = [set(e["requests"]) & ids for e in engine.events(since) if e["kind"] == "step"]
+            assert next(s for s in steps if s) == ids  # the first step any of them is in holds all four
+        since = engine.events()[-1]["seq"]
+        with pytest.raises(RequestError):
+            engine.submit_requests([SubmitRequest.of(prompt="fine"), SubmitRequest.of(prompt="bad", temperature=-1.0)])
+        after = engine.submit(prompt="after", max_tokens=2)
+        after.result(timeout=60)
+        assert {r for e in engine.events(since) if e["kind"] == "insert" for r in e["requests"]} == {after.id}

@@ -31,9 +31,9 @@ def say(mlx_ready, monkeypatch):
     """`say(text)`: from now on every request's reply is exactly `text`, then end of turn."""
     engine = mlx_ready.engine
     tok = engine.loaded.tokenizer
-    submit = engine.submit_request
+    submit = engine.submit_requests
     ids: list[int] = []
-    monkeypatch.setattr(engine, "submit_request", lambda req: submit(forced(req, ids)))
+    monkeypatch.setattr(engine, "submit_requests", lambda reqs: submit([forced(req, ids) for req in reqs]))
 
     def set_reply(text: str) -> None:
         ids[:] = tok.encode(text, add_special_tokens=False) + [sorted(tok.eos_token_ids)[0]]

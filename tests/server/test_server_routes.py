@@ -481,8 +481,8 @@ async def test_openai_sdk_gets_the_tool_call_the_model_makes(jp_serverapp, http_
     tok = engine.loaded.tokenizer
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     ids = tok.encode(call, add_special_tokens=False) + [sorted(tok.eos_token_ids)[0]]
-    submit = engine.submit_request
-    monkeypatch.setattr(engine, "submit_request", lambda req: submit(forced(req, ids)))
+    submit = engine.submit_requests
+    monkeypatch.setattr(engine, "submit_requests", lambda reqs: submit([forced(req, ids) for req in reqs]))
     client = openai.AsyncOpenAI(base_url=os.environ["MLX_NB_URL"], api_key=jp_serverapp.identity_provider.token,
                                 max_retries=0, timeout=60)
     ask = dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS, max_tokens=64)
