@@ -44,12 +44,11 @@ class Latency:
 
     def token(self, live, now: float) -> None:
         """A request emitted a token at `now` (perf_counter): its first, or the gap since its last."""
-        last = live.extra.get("_last_token_at")
-        if last is None:
+        if live.last_token_at is None:
             self.ttft.observe(now - live.submitted_at)
         else:
-            self.itl.observe(now - last)
-        live.extra["_last_token_at"] = now
+            self.itl.observe(now - live.last_token_at)
+        live.last_token_at = now
 
     def snapshot(self) -> dict:
         return {"time_to_first_token_s": self.ttft.snapshot(), "inter_token_latency_s": self.itl.snapshot()}

@@ -27,6 +27,7 @@ class LiveRequest:
     generated: int = 0
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: Optional[float] = None
+    last_token_at: Optional[float] = None  # the latest token's time, for the gaps between tokens
     finished_at: Optional[float] = None
     failure: Optional[str] = None  # set by a failing per-request callback during a step
     extra: dict = field(default_factory=dict)
