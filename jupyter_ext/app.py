@@ -21,6 +21,7 @@ from jupyter_ext import control, handlers, metrics, monitor
 from jupyter_ext.headless import ModelServerApp
 from jupyter_ext.kernel_env import KernelEnv, KernelPort, direct_url
 from jupyter_ext.keys import KEY_FILE, Keys, load_or_create_key
+from mlx_nb.engine.prefix_disk import default_folder
 from mlx_nb.models.sources import DEFAULT_MODEL
 
 ROUTES = [
@@ -75,6 +76,15 @@ class MLXExtension(ExtensionApp):
     prefix_cache = Bool(True, help="Reuse cached prompt prefixes across requests and turns.").tag(config=True)
     prefix_cache_bytes = Int(
         None, allow_none=True, help="Byte budget of the prompt-prefix cache (None: the engine's default)."
+    ).tag(config=True)
+    prefix_cache_dir = Unicode(
+        None, allow_none=True,
+        help="Folder where the prefix cache is also kept, so a restarted server skips prompts it read before "
+        "(None: $MLX_NB_PREFIX_CACHE_DIR, else $MLX_NB_HOME/prefix-cache; '': memory only).",
+    ).tag(config=True)
+    prefix_cache_disk_bytes = Int(
+        None, allow_none=True,
+        help="Byte budget of the prefix cache on disk (None: 4 GiB, or a tenth of the free space if less).",
     ).tag(config=True)
     memory_limit = Int(
         None, allow_none=True,
@@ -225,6 +235,8 @@ class MLXExtension(ExtensionApp):
             prefill_budget_s=self.prefill_budget_s,
             prefix_cache=self.prefix_cache,
             prefix_cache_bytes=self.prefix_cache_bytes,
+            prefix_cache_dir=(self.prefix_cache_dir if self.prefix_cache_dir is not None else default_folder()) or None,
+            prefix_cache_disk_bytes=self.prefix_cache_disk_bytes,
             memory_limit=self.memory_limit,
             buffer_cache_bytes=self.buffer_cache_bytes,
             image_roots=list(self.image_roots) or [self.serverapp.root_dir],

@@ -17,6 +17,7 @@ from tornado.iostream import StreamClosedError
 from jupyter_ext.base import RETRY_AFTER_S, MLXHandler
 from jupyter_ext.proxy import ProxyMixin, remote_status
 from mlx_nb.api import invalid_request, not_found, sse_comment, sse_event
+from mlx_nb.engine.types import RequestError
 
 KEEPALIVE_S = 15.0  # a comment this often keeps proxies from closing an idle stream
 MAX_BACKLOG = 1000  # events queued for one slow reader before it falls back to the event log
@@ -37,15 +38,34 @@ class StatusHandler(MLXHandler):
 class CacheHandler(ProxyMixin, MLXHandler):
     """The KV-cache layout: of a fresh cache, or of a live request's with `?request_id=ID`
     (`?request=ID` too, as earlier clients sent it); an id that is not live is a 404. DELETE empties
-    the prefix cache (the Lab's "clear the prefix cache" command) and says what it held."""
+    the prefix cache (the Lab's "clear the prefix cache" command; `?disk=1`: its files too) and says
+    what it held. POST `?action=save` writes the prefix cache to its folder now, `?action=load` reads
+    the folder into memory; both answer the prefix cache's status."""
 
     @web.authenticated
     @authorized
     async def delete(self):
+        engine = self._own_engine()
+        disk = self.get_argument("disk", "0").lower() in ("1", "true", "yes")
+        self.write_json(await asyncio.to_thread(engine.clear_prefix_cache, disk))
+
+    @web.authenticated
+    @authorized
+    async def post(self):
+        engine = self._own_engine()
+        action = self.get_argument("action", "")
+        if action not in ("save", "load"):
+            raise invalid_request(f"action must be save or load, not {action!r}", "action")
+        act = engine.save_prefix_cache if action == "save" else engine.load_prefix_cache
+        try:
+            self.write_json(await asyncio.to_thread(act))
+        except RequestError as exc:
+            raise invalid_request(str(exc), "action") from None
+
+    def _own_engine(self):
         if self.ext.remote is not None:
             raise not_found("this server relays a backend: its prefix cache is the backend's")
-        engine = self.ready_engine()
-        self.write_json(await asyncio.to_thread(engine.clear_prefix_cache))
+        return self.ready_engine()
 
     @web.authenticated
     @authorized

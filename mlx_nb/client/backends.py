@@ -30,13 +30,16 @@ _ENGINES_LOCK = threading.Lock()
 
 
 def shared_engine(model: str):
-    """The process-wide embedded Engine for `model`, started (not awaited) on first use."""
+    """The process-wide embedded Engine for `model`, started (not awaited) on first use. Its prefix
+    cache is also kept where a server's is (engine/prefix_disk.default_folder): a restarted kernel
+    skips the prompts it read before."""
     from mlx_nb.engine import Engine
+    from mlx_nb.engine.prefix_disk import default_folder
 
     with _ENGINES_LOCK:
         eng = _ENGINES.get(model)
         if eng is None or eng.load_error is not None or getattr(eng, "_closed", False):
-            eng = _ENGINES[model] = Engine(model)
+            eng = _ENGINES[model] = Engine(model, prefix_cache_dir=default_folder() or None)
         return eng
 
 
@@ -186,11 +189,15 @@ class _Remote:
         return {"Authorization": f"token {self.api_key}"} if self.api_key else {}
 
     def get(self, path: str, **params) -> Any:
+        return self.send("GET", path, **params)
+
+    def send(self, method: str, path: str, timeout: float = 10.0, **params) -> Any:
+        """A route's JSON answer; an error status raises the ClientError that says what to do."""
         import httpx
 
         with _translated(self.url):
-            r = httpx.get(f"{self.url}/{path}", params={k: v for k, v in params.items() if v is not None},
-                          headers=self.headers, timeout=httpx.Timeout(10.0, connect=5.0))
+            r = httpx.request(method, f"{self.url}/{path}", params={k: v for k, v in params.items() if v is not None},
+                              headers=self.headers, timeout=httpx.Timeout(timeout, connect=5.0))
         if r.status_code >= 400:
             try:
                 body = r.json()

@@ -189,6 +189,23 @@ class Client:
         except KeyError as exc:
             raise ClientError(exc.args[0]) from None
 
+    def prefix_cache(self, action: str, disk: bool = False) -> dict:
+        """"save" (write what memory holds to disk now), "load" (read the disk's entries into memory)
+        or "clear" (empty memory; with `disk`, the files too): what the engine answers."""
+        if action not in ("save", "load", "clear"):
+            raise ClientError(f"prefix cache action must be save, load or clear, not {action!r}")
+        if not self.embedded:
+            if action == "clear":
+                return self._backend.send("DELETE", "cache", disk=int(disk))
+            return self._backend.send("POST", "cache", timeout=120.0, action=action)
+        engine = self.engine
+        try:
+            if action == "clear":
+                return engine.clear_prefix_cache(disk=disk)
+            return engine.save_prefix_cache() if action == "save" else engine.load_prefix_cache()
+        except ValueError as exc:
+            raise ClientError(str(exc)) from None
+
     def events(self, since: int = 0) -> list[dict]:
         if self.embedded:
             return self.engine.events(since)

@@ -72,6 +72,8 @@ class Engine:
         prefill_budget_s: Optional[float] = 0.25,
         prefix_cache: bool = True,
         prefix_cache_bytes: Optional[int] = None,
+        prefix_cache_dir: Optional[str] = None,
+        prefix_cache_disk_bytes: Optional[int] = None,
         memory_limit: Optional[int] = None,
         buffer_cache_bytes: Optional[int] = None,
         event_capacity: int = 4096,
@@ -99,7 +101,10 @@ class Engine:
             max_bytes=max_image_bytes,
             max_pixels=max_image_pixels,
         )
-        self.prefix_options = dict(enabled=prefix_cache, max_bytes=prefix_cache_bytes)
+        # prefix_cache_dir: the prefix cache also lives there (engine/prefix_disk.py), within
+        # prefix_cache_disk_bytes (default 4 GiB or a tenth of the free space), across restarts.
+        self.prefix_options = dict(enabled=prefix_cache, max_bytes=prefix_cache_bytes, dir=prefix_cache_dir,
+                                   disk_bytes=prefix_cache_disk_bytes)
         # None: batch as the compatibility matrix says (engine/batchability.py); "batched",
         # "prefill_alone" or "sequential" force that mode (the sweep that measures the matrix does).
         if batch_policy not in (None, "batched", "prefill_alone", "sequential"):
@@ -442,9 +447,10 @@ class Engine:
     def subscribe(self, callback: Callable) -> Callable[[], None]:
         return self.event_log.subscribe(callback)
 
-    def clear_prefix_cache(self) -> dict:
-        """Drop every stored prefix. Returns the entries and bytes the cache said it held, and MLX's
-        active memory just before and after, read together on the engine thread."""
+    def clear_prefix_cache(self, disk: bool = False) -> dict:
+        """Drop every stored prefix (with `disk`, the files on disk too). Returns the entries and
+        bytes the cache said it held, and MLX's active memory just before and after, read together
+        on the engine thread."""
         self.wait_ready()
 
         def clear():
@@ -457,10 +463,38 @@ class Engine:
             before, entries = mx.get_active_memory(), (len(prefix) if prefix is not None else 0)
             held = prefix.clear() if prefix is not None else 0
             gc.collect()
-            return {"entries": entries, "bytes": held, "active_bytes_before": before,
-                    "active_bytes_after": mx.get_active_memory()}
+            out = {"entries": entries, "bytes": held, "active_bytes_before": before,
+                   "active_bytes_after": mx.get_active_memory()}
+            if disk and prefix is not None and prefix.disk is not None:
+                out["disk_entries"], out["disk_bytes"] = len(prefix.disk.entries), prefix.disk.clear()
+            return out
 
         return self._call(clear)
+
+    def save_prefix_cache(self) -> dict:
+        """Write what the prefix cache holds in memory and not yet on disk now (it is also written
+        while idle and at close); the prefix cache's status after."""
+        return self._on_disk(lambda prefix: prefix.spill_all())
+
+    def load_prefix_cache(self) -> dict:
+        """Read the prefix cache's files on disk into memory (as many as its budget keeps), e.g.
+        ones another server of the same weights wrote since this one started."""
+        def load(prefix):
+            prefix.disk.scan()
+            prefix.load_all()
+        return self._on_disk(load)
+
+    def _on_disk(self, fn: Callable) -> dict:
+        self.wait_ready()
+
+        def run():
+            prefix = self._loop.runner.prefix
+            if prefix is None or prefix.disk is None:
+                raise RequestError("this engine keeps no prefix cache on disk: start it with prefix_cache_dir")
+            fn(prefix)
+            return prefix.status()
+
+        return self._call(run)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop serving: running requests end with "abort", the model and batch are freed."""

@@ -126,6 +126,7 @@ class EngineLoop:
                 except Exception as exc:
                     log.exception("mlx_nb: closing the batch failed: %s", first_line(exc))
             self.refuse_pending()
+            self._spill_all()
             self._release()
 
     def _load(self) -> None:
@@ -160,7 +161,7 @@ class EngineLoop:
         prefix = None
         if reuse:
             budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
-            prefix = PrefixCache(self.model_name, budget)
+            prefix = PrefixCache(self.model_name, budget, disk=self._disk_store(loaded))
         self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, **self.options)
         if loaded.kind == "vision" and self.policy.mode != "sequential":  # else the lane reads the images
             from mlx_nb.engine.vision_prefill import VisionPrefills
@@ -168,12 +169,45 @@ class EngineLoop:
             self.prefills = VisionPrefills(loaded, self.event_log, self.runner, self.options["prefill_step_size"],
                                            self.options["prefill_budget_s"])
 
+    def _disk_store(self, loaded):
+        """The prefix cache's folder on disk for this model's weights, if one was asked for."""
+        folder = self.prefix_options.get("dir")
+        if not folder:
+            return None
+        from mlx_nb.engine.batch_probe import fingerprint
+        from mlx_nb.engine.prefix_disk import DiskPrefixStore, layer_classes
+
+        classes = layer_classes(loaded.make_cache())
+        if classes is None:  # a cache mlx_lm cannot rebuild from a file (a vision model's own class)
+            log.info("mlx_nb: %s's cache cannot be saved to disk; its prefix cache stays in memory", self.model_name)
+            return None
+        return DiskPrefixStore(folder, fingerprint(loaded), classes, self.prefix_options.get("disk_bytes"))
+
+    def _spill(self) -> bool:
+        """Idle: write one prefix-cache entry to disk; whether there may be more."""
+        prefix = self.runner.prefix
+        try:
+            return prefix is not None and prefix.spill_one()
+        except Exception as exc:  # serving goes on; the entry stays in memory only
+            log.exception("mlx_nb: writing a prefix-cache entry failed: %s", first_line(exc))
+            return False
+
+    def _spill_all(self) -> None:
+        """Closing: what the prefix cache stored since its last write goes to disk, for the next start."""
+        prefix = self.runner.prefix if self.runner is not None else None
+        try:
+            if prefix is not None:
+                prefix.spill_all()
+        except Exception as exc:
+            log.exception("mlx_nb: saving the prefix cache at close failed: %s", first_line(exc))
+
     def _serve(self) -> None:
         runner, prefills = self.runner, self.prefills
         while True:
             idle = not (runner.active or prefills)
+            spilled = idle and self._spill()  # wrote to disk: look for commands again before waiting
             try:
-                cmd = self.commands.get(block=idle)
+                cmd = self.commands.get(block=idle and not spilled)
             except queue.Empty:
                 cmd = None
             starts = idle and cmd is not None and cmd[0] in ("submit", "submit_all")

@@ -12,6 +12,11 @@ is trimmable (mlx_lm's `can_trim_prompt_cache`); SSM state (ArraysCache) and a w
 window are reused only as exact or shorter prefixes. That is why snapshots are also stored at
 segment boundaries (end of the system prompt, end of the conversation before the reply), so the
 next turn of a hybrid model finds an exact shorter prefix.
+
+With a folder (`engine/prefix_disk.py`) the cache also lives on disk: what is stored is remembered
+by its tokens only (no arrays held twice), and written while the engine is idle or closing, read
+back from the in-memory LRU at that time (an entry already evicted is not written). A lookup that
+disk can serve better than memory loads the file into the LRU first, then looks up as usual.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, Optional
 from mlx_nb.engine.memory import default_prefix_budget
 from mlx_nb.engine.upstream import nearest
 
-KINDS = ("exact", "shorter", "trimmed", "miss")
+KINDS = ("exact", "shorter", "trimmed", "disk", "miss")
 MAX_LABEL_KEYS = 100_000
 
 
@@ -73,10 +78,14 @@ class PrefixStats:
 class PrefixCache:
     """Lookups hand back a private copy; stores take ownership of the cache given."""
 
-    def __init__(self, model_key: str, max_bytes: Optional[int] = None, max_entries: int = 256):
+    def __init__(self, model_key: str, max_bytes: Optional[int] = None, max_entries: int = 256, disk=None):
         from mlx_lm.models.cache import LRUPromptCache
 
         self.model_key = model_key
+        self.disk = disk  # a DiskPrefixStore, or None: memory only
+        # Token lists stored since they were last written to disk, oldest first (tokens only: the
+        # arrays are read back from the LRU when written, so nothing is held twice).
+        self._unsaved: dict[tuple, None] = {}
         self.max_bytes = default_prefix_budget() if max_bytes is None else int(max_bytes)
         self._lru = LRUPromptCache(max_size=max_entries, max_bytes=self.max_bytes)
         self.stats = PrefixStats()
@@ -86,11 +95,15 @@ class PrefixCache:
 
     def lookup(self, tokens: list[int]) -> tuple[Optional[list], int, str]:
         """(cache, number of leading tokens it holds, hit kind) for the longest usable prefix."""
-        cache, rest = nearest(self._lru.fetch_nearest_cache(self.model_key, tokens))
-        cached = 0 if cache is None else len(tokens) - len(rest)
+        cache, cached = self._fetch(tokens)
+        from_disk = self.disk is not None and self._load_better(tokens, cached)
+        if from_disk:
+            cache, cached = self._fetch(tokens)
         if cache is None or cached == 0:
             kind, cache, cached = "miss", None, 0
-        elif not rest:
+        elif from_disk:
+            kind = "disk"
+        elif cached == len(tokens):
             kind = "exact"
         elif hash(tuple(tokens[:cached])) in self._stored_keys:
             kind = "shorter"  # a stored entry, whole
@@ -100,15 +113,73 @@ class PrefixCache:
         self.stats.tokens_saved += cached
         return cache, cached, kind
 
+    def _fetch(self, tokens: list[int]) -> tuple[Optional[list], int]:
+        cache, rest = nearest(self._lru.fetch_nearest_cache(self.model_key, tokens))
+        return cache, (0 if cache is None else len(tokens) - len(rest))
+
+    def _load_better(self, tokens: list[int], cached: int) -> bool:
+        """Load the disk entry that gives more of `tokens` than memory does into the LRU, if any."""
+        entry, usable = self.disk.best(tokens)
+        if entry is None or usable <= cached or usable < self.disk.min_tokens:
+            return False
+        cache = self.disk.read(entry)
+        if cache is None:
+            return False
+        self._insert(entry.token_list(), cache, "assistant")
+        return True
+
+    def _insert(self, tokens: list[int], cache: list, kind: str) -> None:
+        self._lru.insert_cache(self.model_key, list(tokens), cache, cache_type=kind)
+        if len(self._stored_keys) > MAX_LABEL_KEYS:  # bounded: at worst a hit is labelled "trimmed"
+            self._stored_keys.clear()
+        self._stored_keys.add(hash(tuple(tokens)))
+
     def store(self, tokens: list[int], cache: list, kind: str = "assistant") -> None:
         """Keep `cache` (holding `tokens`) for later requests; engine thread only (it evaluates)."""
         if not tokens or cache is None or self.max_bytes <= 0:
             return
-        self._lru.insert_cache(self.model_key, list(tokens), owned(cache), cache_type=kind)
-        if len(self._stored_keys) > MAX_LABEL_KEYS:  # bounded: at worst a hit is labelled "trimmed"
-            self._stored_keys.clear()
-        self._stored_keys.add(hash(tuple(tokens)))
+        self._insert(tokens, owned(cache), kind)
         self.stats.stored += 1
+        if self.disk is not None and len(tokens) >= self.disk.min_tokens:
+            self._unsaved[tuple(tokens)] = None
+            while len(self._unsaved) > self._lru.max_size:  # older than anything the LRU can still hold
+                del self._unsaved[next(iter(self._unsaved))]
+
+    # -- disk --------------------------------------------------------------------------------
+    @property
+    def unsaved(self) -> int:
+        return len(self._unsaved)
+
+    def spill_one(self) -> bool:
+        """Write the oldest stored entry not yet on disk (engine thread; call it while idle).
+        Returns whether there was one to look at: more may follow."""
+        if self.disk is None or not self._unsaved:
+            return False
+        tokens = next(iter(self._unsaved))
+        del self._unsaved[tokens]
+        cache, cached = self._fetch(list(tokens))
+        if cache is not None and cached == len(tokens):  # else evicted from memory meanwhile
+            self.disk.write(list(tokens), cache)
+        return True
+
+    def spill_all(self) -> dict:
+        """Write every stored entry not yet on disk; the disk's status after."""
+        while self.spill_one():
+            pass
+        return self.disk.status() if self.disk is not None else {}
+
+    def load_all(self) -> int:
+        """Read the disk's entries into memory, least recently used first (the LRU keeps what fits);
+        returns how many were read."""
+        if self.disk is None:
+            return 0
+        read = 0
+        for entry in sorted(self.disk.entries.values(), key=lambda e: e.path.stat().st_mtime):
+            cache = self.disk.read(entry)
+            if cache is not None:
+                self._insert(entry.token_list(), cache, "assistant")
+                read += 1
+        return read
 
     @property
     def nbytes(self) -> int:
@@ -124,7 +195,8 @@ class PrefixCache:
         return before - self._lru.nbytes
 
     def clear(self) -> int:
-        """Drop every entry; returns the bytes they held."""
+        """Drop every entry in memory (the disk's stay); returns the bytes they held."""
+        self._unsaved.clear()
         return self.shrink(self._lru.nbytes)
 
     def status(self) -> dict[str, Any]:
@@ -136,6 +208,8 @@ class PrefixCache:
             "hits": dict(self.stats.hits),
             "tokens_saved": self.stats.tokens_saved,
             "stored": self.stats.stored,
+            "disk": ({"enabled": True, "unsaved": len(self._unsaved), **self.disk.status()}
+                     if self.disk is not None else {"enabled": False}),
         }
 
 

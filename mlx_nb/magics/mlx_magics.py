@@ -18,8 +18,9 @@ from IPython.utils.process import arg_split
 from traitlets import Float, Int, Unicode, observe
 
 from mlx_nb.client.waiting import print_progress
+from mlx_nb.formatting import human_bytes
 from mlx_nb.magics.chat import ChatAnswer, ChatView, Conversation, interpolate
-from mlx_nb.magics.tables import cache_table, models_table, status_table
+from mlx_nb.magics.tables import cache_table, models_table, prefix_table, status_table
 
 NO_QUESTION = ("no question: write it on the lines below `%%mlx chat` (options go on that line: "
                "-s SYSTEM, -n MAX_TOKENS, -t TEMPERATURE, -i IMAGE, --new; %mlx help lists them)")
@@ -215,16 +216,34 @@ class MlxMagics(Magics):
         self._show(status_table(self.client.status(), self.client.backend))
 
     @magic_arguments(name="mlx cache")
+    @argument("action", nargs="?", choices=["prefix", "save", "load", "clear"], default=None,
+              help="the prefix cache instead: show it (prefix), write it to disk now (save), read the disk "
+                   "into memory (load) or empty it (clear)")
+    @argument("--disk", action="store_true", help="with clear: delete the prefix cache's files too")
     @argument("--request", default=None, metavar="ID",
               help="a live request's cache (default: the newest decoding request, else a fresh cache)")
     def _sub_cache(self, line: str, cell=None):
-        """The KV cache by kind of layer: type, offset, shapes, dtype, bytes."""
+        """The KV cache by kind of layer: type, offset, shapes, dtype, bytes; or the prefix cache."""
         args = _parse(self._sub_cache, line)
+        if args.action is not None:
+            return self._prefix_cache(args.action, args.disk)
         request = args.request
         if request is None:
             decoding = [r["id"] for r in self.client.status().get("requests", []) if r.get("phase") == "decode"]
             request = decoding[-1] if decoding else None
         self._show(cache_table(self.client.cache_layout(request)))
+
+    def _prefix_cache(self, action: str, disk: bool) -> None:
+        done = ""
+        if action == "clear":
+            out = self.client.prefix_cache("clear", disk=disk)
+            done = f"cleared {out.get('entries', 0)} entries ({human_bytes(out.get('bytes'))}) from memory"
+            if "disk_entries" in out:
+                done += f", {out['disk_entries']} ({human_bytes(out.get('disk_bytes'))}) from disk"
+        elif action in ("save", "load"):
+            self.client.prefix_cache(action)
+            done = "written to disk" if action == "save" else "read from disk"
+        self._show(prefix_table(self.client.status().get("prefix_cache") or {}, done))
 
     @magic_arguments(name="mlx batch")
     def _sub_batch(self, line: str, cell=None):

@@ -138,6 +138,22 @@ def cache_table(layout: dict) -> Table:
                  title=f"KV cache of {layout.get('model')}: {who}", note=f"{len(layers)} layers, {human_bytes(total)}")
 
 
+def prefix_table(prefix: dict, done: str = "") -> Table:
+    """The prefix cache in memory and on disk: entries, bytes against their budgets, hits."""
+    if not prefix.get("enabled"):
+        return Table(["", ""], [["prefix cache", "off"]], title="prefix cache", note=done)
+    disk = prefix.get("disk") or {}
+    rows = [["memory", prefix.get("entries"), human_bytes(prefix.get("bytes")), human_bytes(prefix.get("budget_bytes")),
+             "-"]]
+    if disk.get("enabled"):
+        rows.append(["disk", disk.get("entries"), human_bytes(disk.get("bytes")), human_bytes(disk.get("budget_bytes")),
+                     disk.get("folder")])
+    hits = ", ".join(f"{k} {v}" for k, v in (prefix.get("hits") or {}).items())
+    note = "; ".join(x for x in (done, f"lookups: {hits}", f"{prefix.get('tokens_saved', 0)} prompt tokens not re-read",
+                                 "" if disk.get("enabled") else "memory only (no prefix_cache_dir)") if x)
+    return Table(["where", "entries", "bytes", "budget", "folder"], rows, title="prefix cache", note=note)
+
+
 def models_table(names: list[str], current: Optional[str]) -> Table:
     return Table(["", "model"], [["*" if n == current else "", n] for n in names], title="models",
                  note="* = this notebook's model; %mlx load NAME to switch")

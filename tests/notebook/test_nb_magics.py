@@ -268,10 +268,35 @@ def test_status_cache_models_help(ip, magics):
     assert "smollm2-135m-instruct" in cap.outputs[0].data["text/plain"]
     assert "*  tiny-llama" in cap.outputs[0].data["text/plain"]
     _, cap = run(ip, "%mlx help")
-    for sub in ("%%mlx chat", "%mlx load", "%mlx cache [--request ID]", "%mlx connect", "%mlx reset", "%mlx batch"):
+    for sub in ("%%mlx chat", "%mlx load", "%mlx cache [--disk] [--request ID] [{prefix,save,load,clear}]", "%mlx connect", "%mlx reset", "%mlx batch"):
         assert sub in cap.stdout
     _, cap = run(ip, "%mlx")
     assert "%mlx status" in cap.stdout
+
+
+def test_prefix_cache_save_load_clear(ip, magics, monkeypatch, tmp_path):
+    from mlx_nb import Client, Engine
+
+    _, cap = run(ip, "%mlx cache prefix")  # the shared engine: tests keep it in memory only
+    assert "memory only" in cap.outputs[0].data["text/plain"]
+    _, cap = run(ip, "%mlx cache save")
+    assert "prefix_cache_dir" in one_error_line(cap)
+    long_system = "You answer in one line about rivers and stones. " * 30
+    with Engine("tiny-llama", prefix_cache_dir=str(tmp_path), wait=True) as eng:
+        monkeypatch.setattr(magics, "_client", Client(engine=eng))
+        magics.client.chat("hello", system=long_system, max_tokens=4)
+        _, cap = run(ip, "%mlx cache save")
+        text = cap.outputs[0].data["text/plain"]
+        assert "written to disk" in text and str(tmp_path) in text
+        disk_row = next(line for line in text.splitlines() if line.startswith("disk"))
+        assert disk_row.split()[1] == "1", text
+        _, cap = run(ip, "%mlx cache clear")
+        assert "cleared 1 entries" in cap.outputs[0].data["text/plain"]
+        _, cap = run(ip, "%mlx cache load")
+        html = cap.outputs[0].data["text/html"]
+        assert "read from disk" in html and "<td style='text-align:left'>memory</td><td style='text-align:left'>1<" in html
+        _, cap = run(ip, "%mlx cache clear --disk")
+        assert ", 1 (" in cap.outputs[0].data["text/plain"] and not list(tmp_path.rglob("*.safetensors"))
 
 
 def test_cache_of_a_live_request(ip, magics):
