@@ -431,15 +431,20 @@ class Engine:
         }
 
     def cache_layout(self, request_id: Optional[str] = None) -> dict:
-        """Per layer: cache class (nested for CacheList), offset, shapes, dtype, bytes, trimmable."""
+        """Per layer: cache class (nested for CacheList), offset, shapes, dtype, bytes, trimmable; and the
+        prefix cache's status (what it keeps in memory and on disk), which the cache picture draws too."""
         self.wait_ready()
-        if request_id is None:
-            return self._call(lambda: {"model": self.model_name, "request": None,
-                                       "layers": describe_layers(self.loaded.make_cache())})
-        layers = self._call(lambda: self._loop.runner.request_layout(request_id))
+
+        def read():
+            prefix = self._loop.runner.prefix
+            layers = (describe_layers(self.loaded.make_cache()) if request_id is None
+                      else self._loop.runner.request_layout(request_id))
+            return layers, (prefix.status() if prefix is not None else {"enabled": False})
+
+        layers, prefix = self._call(read)
         if layers is None:
             raise KeyError(f"no live request {request_id!r}: it finished or never existed")
-        return {"model": self.model_name, "request": request_id, "layers": layers}
+        return {"model": self.model_name, "request": request_id, "layers": layers, "prefix_cache": prefix}
 
     def events(self, since: int = 0) -> list[dict]:
         return [e.to_dict() for e in self.event_log.recent(since)]

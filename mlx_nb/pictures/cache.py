@@ -5,7 +5,9 @@ same type and the same rows are drawn once): each batch row's left padding (dash
 positions holding its tokens (filled, coloured by cache type), a sliding window's fixed width and
 what it dropped, an SSM layer's fixed-size state. This is what merge, extend and filter change, so
 drawing it before and after each verb shows them. Then the bytes, layer by layer, with runs of
-identical layers summarized in one line (a fresh 30-layer cache is one line, not 30).
+identical layers summarized in one line (a fresh 30-layer cache is one line, not 30). When the
+layout carries the engine's prefix cache (`cache_layout()` does), two last bars show what it keeps
+in memory and on disk against their budgets.
 
 Pure functions, testable without widgets. Colours work on light and dark JupyterLab themes: text
 and lines use `currentColor`, which the root sets from the theme's font colour. Drawn for a given
@@ -254,6 +256,36 @@ def _bytes_row(numbers: list[int], layer: dict, y: float, largest: int, layout: 
     return "".join(out)
 
 
+PREFIX_COLOR = "#bcbd22"
+
+
+def prefix_stores(prefix: dict) -> list[tuple[str, dict]]:
+    """("memory", its numbers) and, when kept there, ("disk", ...) of a prefix cache's status."""
+    if not prefix.get("enabled"):
+        return []
+    disk = prefix.get("disk") or {}
+    return [("memory", prefix)] + ([("disk", disk)] if disk.get("enabled") else [])
+
+
+def _store_row(where: str, held: dict, y: float, layout: Layout) -> str:
+    """One prefix-cache store as a bar: bytes held out of its budget, and how many entries."""
+    nbytes, budget, entries = held.get("bytes") or 0, held.get("budget_bytes") or 0, held.get("entries") or 0
+    label = f"prefix cache {'in memory' if where == 'memory' else 'on disk'}: {entries} entr{'y' if entries == 1 else 'ies'}, {human_bytes(nbytes)}"
+    short = cut(label, (layout.width - 32) / 5.9 if layout.narrow else 50)
+    share = min(1.0, nbytes / budget) if budget else 0.0
+    by = y + (BYTES_H - 2 if layout.narrow else 0)
+    return (f'<g class="prefix-store" data-where="{where}" data-entries="{int(entries)}" data-bytes="{int(nbytes)}">'
+            f"<title>{escape(label)} of a {human_bytes(budget)} budget ({nbytes} of {budget} bytes)</title>"
+            f'<rect x="8" y="{y + 3}" width="10" height="{BYTES_H - 6}" fill="{PREFIX_COLOR}"/>'
+            f'<text x="24" y="{y + BYTES_H - 5}" font-size="10.5" fill="currentColor">{escape(short)}</text>'
+            f'<rect x="{layout.bar_x}" y="{by + 3}" width="{layout.bar_w}" height="{BYTES_H - 6}" fill="none" '
+            f'stroke="currentColor" stroke-opacity=".35"/>'
+            f'<rect class="bar" x="{layout.bar_x}" y="{by + 3}" width="{layout.bar_w * share:.1f}" '
+            f'height="{BYTES_H - 6}" fill="{PREFIX_COLOR}"/>'
+            f'<text x="{layout.bar_x + layout.bar_w + 4}" y="{by + BYTES_H - 5}" font-size="10" fill="currentColor" '
+            f'opacity=".75">{100 * share:.0f}%{"" if layout.narrow else " of budget"}</text></g>')
+
+
 def _legend(kinds: list[str], y: float, padding: bool, layout: Layout) -> tuple[str, float]:
     items = [(f'<rect x="{{x}}" y="2" width="10" height="10" fill="{color(k)}"/>', k) for k in kinds]
     if padding:
@@ -284,6 +316,9 @@ def build_cache_svg(layout: dict, title: Optional[str] = None, width: int = WIDT
     largest = max((layer.get("nbytes") or 0 for layer in layers), default=0) or 1
     for numbers, layer in runs(layers):
         body.append(_bytes_row(numbers, layer, y, largest, shape))
+        y += shape.bytes_h
+    for where, held in prefix_stores(layout.get("prefix_cache") or {}):
+        body.append(_store_row(where, held, y, shape))
         y += shape.bytes_h
     padding = any(row.get("padding") for g in drawn for row in g["batch"]["rows"])
     legend, legend_h = _legend(_types(layers), y + 6, padding, shape)

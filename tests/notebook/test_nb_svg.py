@@ -2,6 +2,8 @@
 
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from mlx_nb.magics.tables import cache_table, status_table
 from mlx_nb.pictures.batch import REASON_COLORS, build_batch_svg, lanes_from_events
 from mlx_nb.pictures.cache import TYPE_COLORS, build_cache_svg
@@ -117,6 +119,22 @@ def test_cache_svg_rows_colors_and_legend():
     assert "req-1" in svg and "4 layers" in svg
     empty = build_cache_svg({"model": "m", "request": None, "layers": []})
     assert "0 layers" in empty and 'class="layer"' not in empty
+
+
+def test_the_prefix_cache_in_memory_and_on_disk_against_their_budgets():
+    prefix = {"enabled": True, "entries": 3, "bytes": 250, "budget_bytes": 1000,
+              "disk": {"enabled": True, "entries": 1, "bytes": 4000, "budget_bytes": 2000}}
+    for width in (720, 300):
+        root = parse(build_cache_svg({**LAYOUT, "prefix_cache": prefix}, width=width))
+        stores = [g for g in root.iter() if g.get("class") == "prefix-store"]
+        assert [(g.get("data-where"), g.get("data-entries")) for g in stores] == [("memory", "3"), ("disk", "1")]
+        full = [float(r.get("width")) for g in stores for r in g if r.get("class") != "bar" and r.get("fill") == "none"]
+        bars = [float(r.get("width")) for g in stores for r in g if r.get("class") == "bar"]
+        assert bars[0] == pytest.approx(full[0] / 4, abs=0.1) and bars[1] == full[1]  # over budget: a full bar
+        assert "prefix cache in memory: 3 entries, 250 B" in "".join(t.text or "" for t in texts(stores[0]))
+    memory_only = build_cache_svg({**LAYOUT, "prefix_cache": {**prefix, "disk": {"enabled": False}}})
+    assert memory_only.count('class="prefix-store"') == 1
+    assert 'class="prefix-store"' not in build_cache_svg({**LAYOUT, "prefix_cache": {"enabled": False}})
 
 
 def test_identical_layers_are_one_line():
