@@ -65,10 +65,13 @@ def _running(name, cmd, ready_url, base_url, api_key, model, env=None, log: Opti
 
 
 def mlx_nb_server(model: str, log: Optional[Path] = None, *extra: str):
-    """This project: `jupyter mlx`, the shared engine behind the Jupyter route (`extra`: more flags)."""
+    """This project: `jupyter mlx`, the shared engine behind the Jupyter route (`extra`: more flags).
+    Its prefix cache stays in memory unless `extra` names a folder: a disk cache kept from an
+    earlier run would serve prompts the other servers read cold."""
     port = free_port()
     cmd = [PY, "-m", "jupyter", "mlx", f"--port={port}", "--ServerApp.open_browser=False", "--allow-root",
-           f"--IdentityProvider.token={TOKEN}", f"--MLXExtension.model={model}", "--ServerApp.ip=127.0.0.1", *extra]
+           f"--IdentityProvider.token={TOKEN}", f"--MLXExtension.model={model}", "--ServerApp.ip=127.0.0.1",
+           "--MLXExtension.prefix_cache_dir=", *extra]
     base = f"http://127.0.0.1:{port}/mlx/v1"
     return _running("mlx-nb", cmd, f"{base}/health", base, TOKEN, model, log=log)
 
