@@ -13,8 +13,17 @@ import { DEFAULT_SETTINGS } from './settings';
 const RENDER_MS = 100; // the answer is re-rendered at most this often while it streams
 
 export class ChatBox extends Widget {
-  /** Most tokens asked for in one answer (the chatMaxTokens setting). */
-  maxTokens = DEFAULT_SETTINGS.chatMaxTokens;
+  private _maxTokens = DEFAULT_SETTINGS.chatMaxTokens;
+
+  /** Most tokens asked for in one answer (the chatMaxTokens setting), shown as `data-max-tokens`. */
+  get maxTokens(): number {
+    return this._maxTokens;
+  }
+
+  set maxTokens(value: number) {
+    this._maxTokens = value;
+    this.node.dataset.maxTokens = String(value);
+  }
   private log = document.createElement('div');
   private input = document.createElement('textarea');
   private send = document.createElement('button');
@@ -27,6 +36,7 @@ export class ChatBox extends Widget {
   constructor(private rendermime: IRenderMimeRegistry | null) {
     super();
     this.addClass('mlx-nb-Chat');
+    this.node.dataset.maxTokens = String(this._maxTokens);
     this.log.className = 'mlx-nb-Chat-log';
     this.input.className = 'mlx-nb-Chat-input';
     this.input.placeholder = 'Ask the model (Enter sends, Shift+Enter for a new line)';

@@ -21,6 +21,7 @@ from typing import Optional
 
 from mlx_nb.pictures.theme import (
     BACKGROUND,
+    BOLD_12_PX,
     WIDTH,
     cut,
     legend_rows,
@@ -159,7 +160,7 @@ def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str
         head += f" (+{hidden} earlier not shown)"
     out = [svg_open("mlx-batch", layout.width, legend_y + legend_h),
            f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">'
-           f'{escape(cut(head, (layout.width - 16) / 6.8))}</text>']
+           f'{escape(cut(head, (layout.width - 16) / BOLD_12_PX))}</text>']
     if not lanes:
         note = "no batch events yet: chat from any notebook or client of this server"
         out.append(f'<text x="{layout.label_w}" y="{TOP + 12}" font-size="11" fill="currentColor" opacity=".7">'

@@ -23,6 +23,8 @@ from typing import Optional
 
 from mlx_nb.formatting import human_bytes
 from mlx_nb.pictures.theme import (
+    BOLD_11_PX,
+    BOLD_12_PX,
     WIDTH,
     cut,
     legend_rows,
@@ -163,7 +165,7 @@ def _grid(grid: dict, y: float, layout: Layout) -> tuple[str, float]:
     gx = layout.grid_x
     out = [f'<g class="grid" data-type="{escape(kind)}"><title>{escape(grid_title(grid))}</title>',
            f'<text x="8" y="{y + 11:.0f}" font-size="11" font-weight="bold" fill="currentColor">'
-           f"{escape(cut(grid_title(grid), (layout.width - 16) / 6.4))}</text>"]
+           f"{escape(cut(grid_title(grid), (layout.width - 16) / BOLD_11_PX))}</text>"]
     y += 16
     positions = batch.get("positions") or 0
     cell = min(14.0, layout.grid_w / positions) if positions else 0.0
@@ -328,4 +330,4 @@ def build_cache_svg(layout: dict, title: Optional[str] = None, width: int = WIDT
         shown = f"{who} - {len(layers)} layers - {human_bytes(total)}"
     return (svg_open("mlx-cache", shape.width, y + 6 + legend_h) + f"<title>{escape(head)}</title>" +
             f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">'
-            f'{escape(cut(shown, (shape.width - 16) / 6.8) if shape.narrow else shown)}</text>' + "".join(body) + "</svg>")
+            f'{escape(cut(shown, (shape.width - 16) / BOLD_12_PX) if shape.narrow else shown)}</text>' + "".join(body) + "</svg>")

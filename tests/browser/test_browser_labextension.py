@@ -283,6 +283,7 @@ def test_settings_editor_changes_take_effect_without_a_reload(lab, page):
 
         change_setting(page, "Chat answer length (tokens)", "5")
         box = page.locator("#mlx-nb-sidebar .mlx-nb-Chat")
+        expect(box).to_have_attribute("data-max-tokens", "5", timeout=WAIT_S * MS)  # saved, then applied
         with page.expect_request(lambda r: route_is(r.url, "chat/completions")) as asked:
             box.locator(".mlx-nb-Chat-input").fill("Hello?")
             box.locator(".mlx-nb-Chat-input").press("Enter")
