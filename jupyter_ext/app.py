@@ -10,7 +10,9 @@ SDKs already retry on (with backoff), so scripts started together with the serve
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from typing import Optional
 
 from jupyter_core.application import base_aliases
 from jupyter_server.extension.application import ExtensionApp
@@ -59,6 +61,20 @@ class MLXExtension(ExtensionApp):
     model = Unicode(DEFAULT_MODEL, help="Model to serve: a built-in name, a local path, a .gguf file or a hub id.").tag(
         config=True
     )
+    models = List(
+        Unicode(),
+        help="More models this server may serve, each loaded when a request names it: 'name=source', a source "
+        "(a built-in name, a model directory, a .gguf file, a hub id; named by its folder or file stem), or a folder "
+        "whose model directories and .gguf files are each served.",
+    ).tag(config=True)
+    memory_budget = Int(
+        None, allow_none=True,
+        help="Bytes the loaded models may hold together: weights plus each prefix cache's budget (None: three "
+        "quarters of the machine's memory). Loading past it unloads the least recently used idle model first.",
+    ).tag(config=True)
+    keep_alive_s = Float(
+        300.0, help="A model other than the default is unloaded once idle for this many seconds.",
+    ).tag(config=True)
     quantize = Int(
         None, allow_none=True,
         help="Quantize a float checkpoint to 4 or 8 bits at load, for the CPU kernels (None: $MLX_NB_QUANTIZE, else "
@@ -163,6 +179,8 @@ class MLXExtension(ExtensionApp):
     def initialize_settings(self):
         self.engine = None
         self.remote = None
+        self.registry = self._registry()
+        self.sweeper = None  # unloads idle models (keep_alive_s), started with the server
         self.event_queues: set = set()  # live /events streams, woken when the extension stops
         self.request_counts = metrics.RequestCounts()  # finished requests, for /metrics
         self.keys = Keys(list(self.api_keys), self._generated_key())
@@ -190,6 +208,12 @@ class MLXExtension(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp):
         """Now the server listens: the kernels' URL is its own port, or a loopback port of the
         mlx routes when its own is TLS or a unix socket (kernel_env.py)."""
+        if self.registry.entries and self.sweeper is None:
+            from tornado.ioloop import PeriodicCallback
+
+            self.sweeper_busy = False
+            self.sweeper = PeriodicCallback(self._sweep, 1000 * min(5.0, max(0.5, self.keep_alive_s / 4)))
+            self.sweeper.start()
         url = direct_url(serverapp)
         if url is None:
             routes = [(url_path_join(serverapp.base_url, pattern), handler, {"name": self.name})
@@ -204,7 +228,55 @@ class MLXExtension(ExtensionApp):
             from mlx_nb.engine import Engine
 
             self.engine = Engine(self.model, wait=False, **self.engine_options())
+            self.registry.pin(self.model, self.engine)
         return self.engine
+
+    def _registry(self):
+        """The models besides the default one that requests may name (engine/registry.py)."""
+        from mlx_nb.engine.memory import default_prefix_budget
+        from mlx_nb.engine.registry import ModelRegistry, entries_from
+
+        def make_engine(source: str):
+            from mlx_nb.engine import Engine
+
+            return Engine(source, wait=False, **self.engine_options())
+
+        def prefix_bytes(engine) -> int:
+            held = engine.prefix_budget_bytes if engine is not None else None
+            if held is not None:
+                return held
+            if not self.prefix_cache:
+                return 0
+            return default_prefix_budget() if self.prefix_cache_bytes is None else self.prefix_cache_bytes
+
+        entries = {k: v for k, v in entries_from(list(self.models)).items() if k != self.model}
+        return ModelRegistry(entries, make_engine, self._memory_budget(), self.keep_alive_s, prefix_bytes)
+
+    def _memory_budget(self) -> int:
+        if self.memory_budget is not None:
+            return self.memory_budget
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total = 8 * 2**30
+        return total * 3 // 4
+
+    def registered(self, name: Optional[str]) -> bool:
+        """Whether `name` is one of the other registered models (not the default one, not an alias)."""
+        entry = self.registry.entry(name) if name and name != self.model else None
+        return entry is not None and not entry.pinned
+
+    async def _sweep(self) -> None:
+        if self.sweeper_busy:
+            return
+        self.sweeper_busy = True
+        try:
+            for name in await asyncio.to_thread(self.registry.sweep):
+                self.log.info("mlx: unloaded %s (idle for %.0f s)", name, self.keep_alive_s)
+        except Exception:
+            self.log.exception("mlx: unloading idle models failed")
+        finally:
+            self.sweeper_busy = False
 
     def server_defaults(self, engine=None):
         """What the routes fill in for fields a request leaves out (the model's own sampling
@@ -222,8 +294,9 @@ class MLXExtension(ExtensionApp):
         )
 
     def model_names(self) -> list[str]:
-        """The served model, then the aliases that name it (what `models` lists)."""
-        return [self.model] + [a for a, t in self.server_defaults().aliases.items() if t == self.model]
+        """The served model, then the aliases that name it, then the other registered models (what `models` lists)."""
+        names = [self.model] + [a for a, t in self.server_defaults().aliases.items() if t == self.model]
+        return names + [n for n in self.registry.names() if n not in names]
 
     def engine_options(self) -> dict:
         """The Engine's keyword arguments, from this extension's config."""
@@ -250,9 +323,14 @@ class MLXExtension(ExtensionApp):
         # An exception here would stop the server's shutdown: log and carry on instead.
         for queue in list(getattr(self, "event_queues", ())):
             queue.put_nowait(None)
+        if getattr(self, "sweeper", None) is not None:
+            self.sweeper.stop()
         engine, self.engine = getattr(self, "engine", None), None
+        registry = getattr(self, "registry", None)
         remote, self.remote = getattr(self, "remote", None), None
         try:
+            if registry is not None:
+                await asyncio.to_thread(registry.close)
             if engine is not None:
                 await asyncio.to_thread(engine.close)  # joins the engine thread: not on the loop
             if remote is not None:

@@ -17,6 +17,7 @@ With `backend_url` set, these routes answer through the remote backend (`jupyter
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Optional
 
@@ -27,6 +28,7 @@ from tornado.iostream import StreamClosedError
 from jupyter_ext.base import MLXHandler
 from jupyter_ext.proxy import ProxyMixin
 from mlx_nb.api import (
+    APIError,
     count_tokens_kwargs,
     model_card,
     models_list,
@@ -38,6 +40,7 @@ from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, 
 from mlx_nb.api.tool_calls import DEFAULT_MARKERS
 from mlx_nb.engine.generic_tools import GENERIC
 from mlx_nb.engine.images import prefetch_remote_images
+from mlx_nb.engine.registry import ModelUnavailable
 from mlx_nb.engine.submit_request import SubmitRequest
 
 SSE = "text/event-stream; charset=utf-8"
@@ -53,9 +56,15 @@ class ModelsHandler(ProxyMixin, MLXHandler):
             return await self.proxy_get("models")
         body = models_list(self.ext.model_names())
         engine = self.ext.engine
-        if engine is not None and engine.loaded is not None:  # what a request that sets nothing gets
-            for card in body["data"]:
-                card["sampling_defaults"] = engine.sampling_defaults()
+        registry = {m["name"]: m for m in self.ext.registry.describe()}
+        for card in body["data"]:
+            named = registry.get(card["id"])
+            if named is None or named["pinned"]:  # the default model and its aliases
+                if engine is not None and engine.loaded is not None:  # what a request that sets nothing gets
+                    card["sampling_defaults"] = engine.sampling_defaults()
+                card["state"] = "loaded" if engine is not None and engine.ready else "loading"
+            else:  # another registered model: loaded when a request names it
+                card.update({k: v for k, v in named.items() if k not in ("name", "pinned")})
         self.write_json(body)
 
 
@@ -63,8 +72,8 @@ class ModelHandler(ProxyMixin, MLXHandler):
     @web.authenticated
     @authorized
     async def get(self, name: str):
-        served = await self.ext.remote.model() if self.ext.remote is not None else self.ext.model
-        self.write_json(model_card(self.ext.server_defaults().resolve_model(name, [served])))
+        served = [await self.ext.remote.model()] if self.ext.remote is not None else self.ext.model_names()
+        self.write_json(model_card(self.ext.server_defaults().resolve_model(name, served)))
 
 
 class GenerateHandler(ProxyMixin, MLXHandler):
@@ -73,6 +82,7 @@ class GenerateHandler(ProxyMixin, MLXHandler):
     route: Route
     handles: list = []
     gone = False
+    chosen = None  # the engine serving this request (serving() picks it from the body's model)
 
     @property
     def anthropic(self) -> bool:
@@ -94,14 +104,37 @@ class GenerateHandler(ProxyMixin, MLXHandler):
     async def serving(self) -> Serving:
         if self.ext.remote is not None:
             return await self.ext.remote.serving(self.ext.server_defaults())
-        engine = self.ready_engine()
+        engine, name = await self.requested_engine()
         fmt = engine.tool_format()
         if fmt == GENERIC:  # tools were inlined in the generic markup: calls come back in it
-            return Serving(engine.model_name, self.ext.server_defaults(engine), None, DEFAULT_MARKERS, fmt)
+            return Serving(name, self.ext.server_defaults(engine), None, DEFAULT_MARKERS, fmt)
         tok = engine.loaded.tokenizer
         start, end = getattr(tok, "tool_call_start", None), getattr(tok, "tool_call_end", None)
-        return Serving(engine.model_name, self.ext.server_defaults(engine), getattr(tok, "tool_parser", None),
+        return Serving(name, self.ext.server_defaults(engine), getattr(tok, "tool_parser", None),
                        (start, end) if start and end else None, fmt)
+
+    async def requested_engine(self):
+        """(engine, the name it serves under) for the model the body names: another registered model's
+        engine (loaded now if it is not, the request waiting for it), else the default one."""
+        self.chosen = None
+        name = requested_model(self.request.body) if self.ext.registry.entries else None
+        if not self.ext.registered(name):  # the default model, an alias, or a name the route refuses
+            self.chosen = self.ready_engine()
+            return self.chosen, self.chosen.model_name
+        try:  # off the event loop: making room may close an idle model's engine
+            engine = await asyncio.to_thread(self.ext.registry.engine_for, name)
+        except ModelUnavailable as exc:
+            raise APIError(503, str(exc), "service_unavailable", "model", "model_too_large") from None
+        while not engine.ready and engine.load_error is None and not engine.closed:
+            await asyncio.sleep(0.05)  # loading: this request waits for it, the other models keep serving
+        if engine.load_error is not None:
+            raise APIError(503, f"model {name} failed to load: {engine.load_error}", "service_unavailable", "model",
+                           "model_load_failed")
+        if not engine.ready:
+            raise APIError(503, f"model {name} was unloaded while it loaded: retry", "service_unavailable", "model",
+                           "model_loading")
+        self.chosen = engine
+        return engine, name
 
     async def submit(self, requests: list[dict]) -> list:
         """Queue every choice (off the event loop: submit templates and tokenizes); the engine admits
@@ -112,7 +145,7 @@ class GenerateHandler(ProxyMixin, MLXHandler):
         if self.ext.remote is not None:
             handles = [await self.ext.remote.submit(req) for req in typed]
         else:
-            engine = self.ready_engine()
+            engine = self.chosen or self.ready_engine()
             if engine.loaded.kind == "vision":  # remote images are fetched on their own threads, awaited here
                 for req in typed:
                     if req.messages is not None:
@@ -198,6 +231,15 @@ class GenerateHandler(ProxyMixin, MLXHandler):
         if data and not self.gone:
             self.write(data)
             await self.flush()
+
+
+def requested_model(body: bytes) -> Optional[str]:
+    """The `model` a request body names, or None (the route's parser says what is wrong with a bad body)."""
+    try:
+        name = json.loads(body).get("model")
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        return None
+    return name if isinstance(name, str) else None
 
 
 class ChatHandler(GenerateHandler):

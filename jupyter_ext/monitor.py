@@ -32,7 +32,9 @@ class StatusHandler(MLXHandler):
     async def get(self):
         if self.ext.remote is not None:
             return self.write_json(await remote_status(self.ext.remote))
-        self.write_json(await asyncio.to_thread(self.engine().status))
+        status = await asyncio.to_thread(self.engine().status)
+        status["registry"] = self.ext.registry.status()  # every model this server may serve, and its state
+        self.write_json(status)
 
 
 class CacheHandler(ProxyMixin, MLXHandler):

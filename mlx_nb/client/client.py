@@ -235,6 +235,16 @@ class Client:
         names = available_offline()
         return names + [n for n in list(backends._ENGINES) if n not in names]
 
+    def model_states(self) -> dict[str, str]:
+        """Each model's state where the backend says: a server's registry ("available", "loading",
+        "loaded", "failed"), or (embedded) the shared engines running in this process."""
+        if not self.embedded:
+            cards = self._backend.get("models").get("data", [])
+            return {c["id"]: c["state"] for c in cards if isinstance(c, dict) and c.get("state")}
+        engines = [self._backend.fixed] if self._backend.fixed is not None else list(backends._ENGINES.values())
+        return {e.model_name: ("failed" if e.load_error else "loaded" if e.ready else "loading")
+                for e in engines if not e.closed}
+
     def openai(self):
         """An `openai.OpenAI` for the same server (there is none for the embedded backend)."""
         if self.embedded:

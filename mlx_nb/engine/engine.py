@@ -146,6 +146,26 @@ class Engine:
         return self._loop.closing
 
     @property
+    def idle(self) -> bool:
+        """No request running or queued (read from any thread: a snapshot, not a promise)."""
+        loop = self._loop
+        return not (loop.runner is not None and loop.runner.active) and not loop.prefills and loop.commands.empty()
+
+    @property
+    def weights_bytes(self) -> int:
+        """The loaded weights' bytes (0 while loading)."""
+        memory = self._loop.memory
+        return memory.weights if memory is not None else 0
+
+    @property
+    def prefix_budget_bytes(self) -> Optional[int]:
+        """The prefix cache's byte budget once loaded (0: no prefix cache); None while loading."""
+        runner = self._loop.runner
+        if runner is None:
+            return None
+        return runner.prefix.max_bytes if runner.prefix is not None else 0
+
+    @property
     def load_error(self) -> Optional[BaseException]:
         return self._loop.load_error
 

@@ -207,7 +207,7 @@ class MlxMagics(Magics):
     def _sub_models(self, line: str, cell=None):
         """List the models the backend can serve."""
         _parse(self._sub_models, line)
-        self._show(models_table(self.client.models(), self.client.model_name()))
+        self._show(models_table(self.client.models(), self.client.model_name(), self.client.model_states()))
 
     @magic_arguments(name="mlx status")
     def _sub_status(self, line: str, cell=None):

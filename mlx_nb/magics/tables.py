@@ -154,6 +154,7 @@ def prefix_table(prefix: dict, done: str = "") -> Table:
     return Table(["where", "entries", "bytes", "budget", "folder"], rows, title="prefix cache", note=note)
 
 
-def models_table(names: list[str], current: Optional[str]) -> Table:
-    return Table(["", "model"], [["*" if n == current else "", n] for n in names], title="models",
-                 note="* = this notebook's model; %mlx load NAME to switch")
+def models_table(names: list[str], current: Optional[str], states: Optional[dict] = None) -> Table:
+    states = states or {}
+    return Table(["", "model", "state"], [["*" if n == current else "", n, states.get(n, "available")] for n in names],
+                 title="models", note="* = this notebook's model; %mlx load NAME to switch")

@@ -31,7 +31,8 @@ async def test_models(jp_fetch, mlx_ready):
     assert json.loads(r.body) == {
         "object": "list",
         "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "mlx-nb",
-                  "sampling_defaults": {"values": {}, "source": None}}],  # a random fixture recommends nothing
+                  "sampling_defaults": {"values": {}, "source": None},  # a random fixture recommends nothing
+                  "state": "loaded"}],
     }
     r = await jp_fetch("mlx", "v1", "models", MODEL)
     assert json.loads(r.body)["id"] == MODEL

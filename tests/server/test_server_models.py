@@ -1,0 +1,146 @@
+"""Several models on one server (engine/registry.py), through the unmodified openai SDK: requests
+naming registered models load them on demand and each reply equals that model alone; the budget
+unloads the least recently used idle model to make room and refuses a model that cannot fit with
+a 503 that says why; an idle model is unloaded after its keep-alive; `models.list()` shows the
+registry with each model's state."""
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from live_server import serving
+from mlx_nb import Client, Engine
+from mlx_nb.magics.tables import models_table
+
+DEFAULT = "tiny-llama"
+OTHERS = ["tiny-gemma3", "tiny-qwen3.5"]
+PREFIX = 1_000_000  # each model's prefix-cache budget: counted against the memory budget
+MAX = 10
+
+
+def sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url, api_key=server.key, max_retries=0, timeout=300)
+
+
+def states(server) -> dict:
+    return {m.id: getattr(m, "state", None) for m in sdk(server).models.list().data}
+
+
+def ask(server, model: str, text: str) -> str:
+    r = sdk(server).chat.completions.create(model=model, max_tokens=MAX, temperature=0,
+                                            messages=[{"role": "user", "content": text}])
+    assert r.model == model
+    return r.choices[0].message.content
+
+
+def alone(model: str, texts: list[str]) -> list[str]:
+    with Engine(model, prefix_cache=False, wait=True) as engine:
+        return [engine.submit(messages=[{"role": "user", "content": t}], max_tokens=MAX).result(timeout=120).text
+                for t in texts]
+
+
+def registered(models: list[str]) -> list[str]:
+    return [f"--MLXExtension.models={m}" for m in models]  # a list option: one flag per item
+
+
+def options(*extra: str) -> list[str]:
+    return [*registered(OTHERS), f"--MLXExtension.prefix_cache_bytes={PREFIX}", *extra]
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_concurrent_chats_naming_three_models_each_answer_as_that_model_alone(tmp_path_factory, seed):
+    rng = random.Random(seed)
+    asks = [(rng.choice([DEFAULT, *OTHERS]), f"note {rng.randint(0, 10**6)}: " +
+             " ".join(rng.choice("amber basalt cobalt dune ember fjord".split()) for _ in range(rng.randint(2, 9))))
+            for _ in range(24)]
+    want = {m: dict(zip([t for n, t in asks if n == m], alone(m, [t for n, t in asks if n == m])))
+            for m in {n for n, _ in asks}}
+    with serving(tmp_path_factory.mktemp("models"), DEFAULT, *options()) as server:
+        listed = states(server)
+        assert listed == {DEFAULT: "loaded", **{m: "available" for m in OTHERS}}, listed
+        with ThreadPoolExecutor(24) as pool:
+            got = list(pool.map(lambda a: ask(server, *a), asks))
+        for (model, text), reply in zip(asks, got):
+            assert reply == want[model][text], f"{model} answered differently beside the other models"
+        status = server.get("status")
+        registry = status["registry"]
+        assert registry["used_bytes"] <= registry["budget_bytes"]
+        assert status["memory"]["peak_bytes"] <= registry["budget_bytes"]  # MLX's peak, every model's arrays
+        loaded = {m["name"] for m in registry["models"] if m["state"] == "loaded"}
+        assert loaded == {n for n, _ in asks}
+
+
+def test_the_budget_unloads_the_idle_model_keep_alive_unloads_and_too_big_is_a_503(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget")
+    big = root / "big-model"
+    big.mkdir()
+    (big / "config.json").write_text('{"model_type": "llama"}')
+    with open(big / "model.safetensors", "wb") as f:  # a sparse file: its size, none of the disk
+        f.truncate(64 * 2**20)
+    # room for the default model and one more tiny one, not two
+    budget = 2 * PREFIX + 370_000 + 800_000 + 200_000  # llama and gemma or qwen (each ~0.75 MB), not all three
+    extra = (f"--MLXExtension.memory_budget={budget}", "--MLXExtension.keep_alive_s=2")
+    (root / "server").mkdir()
+    with serving(root / "server", DEFAULT, *registered([*OTHERS, f"big={big}"]),
+                 f"--MLXExtension.prefix_cache_bytes={PREFIX}", *extra) as server:
+        ask(server, OTHERS[0], "first")
+        assert states(server)[OTHERS[0]] == "loaded"
+        ask(server, OTHERS[1], "second")  # the first is idle: unloaded to make room
+        listed = {m.id: m for m in sdk(server).models.list().data}
+        assert listed[OTHERS[0]].state == "available" and listed[OTHERS[0]].unloaded == 1
+        assert listed[OTHERS[1]].state == "loaded" and listed[DEFAULT].state == "loaded"
+        table = repr(models_table(*(lambda c: (c.models(), DEFAULT, c.model_states()))(Client(server.url, server.key))))
+        assert [line.split()[-2:] for line in table.splitlines()[3:7]] == [
+            [DEFAULT, "loaded"], [OTHERS[0], "available"], [OTHERS[1], "loaded"], ["big", "available"]], table
+
+        with pytest.raises(openai.APIStatusError) as info:
+            ask(server, "big", "hello")
+        assert info.value.status_code == 503 and "memory budget" in info.value.message
+        assert "MLXExtension.memory_budget" in info.value.message
+        assert ask(server, DEFAULT, "still serving")  # the refusal changed nothing
+
+        deadline = time.monotonic() + 60  # keep_alive 2 s; the sweep runs every half second
+        while states(server)[OTHERS[1]] != "available":
+            assert time.monotonic() < deadline, "the idle model was never unloaded"
+            time.sleep(0.25)
+        assert states(server)[DEFAULT] == "loaded"  # pinned: never unloaded
+
+
+def test_a_stream_keeps_decoding_while_another_model_loads(tmp_path_factory, record_property):
+    """The default model streams a long answer; meanwhile a request names another model, which
+    loads on its own thread. The stream goes on (tokens before, during and after the load) and its
+    longest pause is recorded, not asserted (timings are the bench's)."""
+    import threading
+
+    with serving(tmp_path_factory.mktemp("load-beside"), DEFAULT, *options()) as server:
+        stamps: list[float] = []
+        loaded: dict = {}
+
+        def load_other():
+            loaded["start"] = time.monotonic()
+            loaded["reply"] = ask(server, OTHERS[1], "hello")
+            loaded["end"] = time.monotonic()
+
+        stream = sdk(server).chat.completions.create(
+            model=DEFAULT, max_tokens=400, temperature=0, stream=True, logit_bias={"258": -100},
+            messages=[{"role": "user", "content": "Tell a long story."}])
+        other = None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                stamps.append(time.monotonic())
+                if len(stamps) == 20:
+                    other = threading.Thread(target=load_other)
+                    other.start()
+        assert other is not None, "the stream ended before its 20th token"
+        other.join(120)
+        assert loaded.get("reply") is not None and states(server)[OTHERS[1]] == "loaded"
+        assert any(s > loaded["end"] for s in stamps), "the stream stopped when the other model loaded"
+        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        during = [b - a for a, b in zip(stamps, stamps[1:]) if b >= loaded["start"] and a <= loaded["end"]]
+        record_property("longest_pause_while_loading_s", round(max(during or [0.0]), 3))
+        record_property("median_gap_s", round(sorted(gaps)[len(gaps) // 2], 4))
+        print(f"longest pause while the other model loaded: {max(during or [0.0]):.3f} s "
+              f"(median gap {sorted(gaps)[len(gaps) // 2]:.4f} s)")
