@@ -22,7 +22,7 @@ KERNEL_CHAT = """
 import os, httpx
 reply = httpx.post(os.environ["MLX_NB_URL"] + "/chat/completions", timeout=60, trust_env=False,
                    headers={"Authorization": "Bearer " + os.environ["MLX_NB_TOKEN"]},
-                   json={"messages": [{"role": "user", "content": "hello from a kernel"}], "max_tokens": 1500})
+                   json={"messages": [{"role": "user", "content": "hello from a kernel"}], "max_tokens": 24})
 print(reply.json()["id"])
 """
 
@@ -99,15 +99,42 @@ def test_kernels_use_the_key_not_the_jupyter_token(lab):
         assert lab.jupyter.get(f"{lab.base}/{path}").status_code == 200, path  # they are served, to the token
 
 
+KERNEL_LONG_CHAT = """
+import json, os, httpx
+body = {"messages": [{"role": "user", "content": "a long answer from the first kernel"}], "max_tokens": 3500,
+        "stream": True, "logit_bias": {str(t): -100 for t in EOS}}
+first = None
+with httpx.stream("POST", os.environ["MLX_NB_URL"] + "/chat/completions", json=body, timeout=600, trust_env=False,
+                  headers={"Authorization": "Bearer " + os.environ["MLX_NB_TOKEN"]}) as r:
+    for line in r.iter_lines():
+        if line.startswith("data: {") and first is None:
+            first = json.loads(line[6:])["id"]
+print(first)
+"""
+
+
 def test_two_kernels_share_the_engine(lab):
+    """Overlapping by construction, not by timing: the first kernel's long answer (its end-of-text
+    token barred) is decoding before the second kernel asks; then the first is aborted."""
+    from mlx_nb.models import load_model
+
+    eos = sorted(load_model(MODEL).tokenizer.eos_token_ids)
     with kernel(lab, lab.jupyter) as first, kernel(lab, lab.jupyter) as second:
         clients = [first, second]
         for kc in clients:
             # (httpx imported now, so the chat cells below start as soon as they arrive)
             assert run(kc, [kc.execute('import os, httpx; print(os.environ["MLX_NB_URL"])')]) == [lab.url]
         since = lab.last_seq()
-        sent = [kc.execute(KERNEL_CHAT) for kc in clients]  # back to back: the two requests overlap
-        ids = [run(kc, [msg])[0].removeprefix("chatcmpl-") for kc, msg in zip(clients, sent)]
+        long_msg = first.execute(KERNEL_LONG_CHAT.replace("EOS", repr(eos)))
+        deadline = time.monotonic() + 120
+        while not (decoding := [r["id"] for r in lab.get("status")["requests"] if r["phase"] == "decode"]):
+            assert time.monotonic() < deadline, "the first kernel's request never started decoding"
+            time.sleep(0.05)
+        (short_id,) = run(second, [second.execute(KERNEL_CHAT)], timeout=120)
+        assert lab.http.delete(f"{lab.url}/requests/{decoding[0]}").status_code == 202  # still running: ended now
+        (long_id,) = run(first, [long_msg], timeout=120)
+        ids = [long_id.removeprefix("chatcmpl-"), short_id.removeprefix("chatcmpl-")]
+        assert ids[0] == decoding[0]
         shared = [e for e in lab.events(since) if e["kind"] == "step" and set(ids) <= set(e["requests"])]
         assert shared, f"no batch step held both kernels' requests {ids}"
 
