@@ -31,7 +31,9 @@ from mlx_nb.api import (
     APIError,
     count_tokens_kwargs,
     model_card,
+    model_not_found,
     models_list,
+    not_found,
     parse_count_tokens_request,
     sse_comment,
 )
@@ -74,6 +76,38 @@ class ModelHandler(ProxyMixin, MLXHandler):
     async def get(self, name: str):
         served = [await self.ext.remote.model()] if self.ext.remote is not None else self.ext.model_names()
         self.write_json(model_card(self.ext.server_defaults().resolve_model(name, served)))
+
+    @web.authenticated
+    @authorized
+    async def post(self, name: str):
+        """Load a registered model now (before any request names it); its card with its state."""
+        self._registered(name)
+        try:
+            await asyncio.to_thread(self.ext.registry.engine_for, name)
+        except ModelUnavailable as exc:
+            raise APIError(503, str(exc), "service_unavailable", "model", "model_too_large") from None
+        self.write_json(self._card(name))
+
+    @web.authenticated
+    @authorized
+    async def delete(self, name: str):
+        """Unload a registered model now (its running requests end as aborted); the default model is pinned."""
+        self._registered(name)
+        unloaded = await asyncio.to_thread(self.ext.registry.unload, name)
+        self.write_json({**self._card(name), "unloaded_now": unloaded})
+
+    def _registered(self, name: str) -> None:
+        if self.ext.remote is not None:
+            raise not_found("this server relays a backend: it loads no models of its own")
+        if not self.ext.registered(name):
+            if name in self.ext.model_names():
+                raise APIError(400, f"{name} is the server's default model: it stays loaded", "invalid_request_error",
+                               "model", "model_pinned")
+            raise model_not_found(name, self.ext.model_names())
+
+    def _card(self, name: str) -> dict:
+        (described,) = [m for m in self.ext.registry.describe() if m["name"] == name]
+        return {**model_card(name), **{k: v for k, v in described.items() if k not in ("name", "pinned")}}
 
 
 class GenerateHandler(ProxyMixin, MLXHandler):

@@ -72,9 +72,38 @@ class Client:
             if model is not None and model not in served:
                 raise ClientError(f"{self.backend} serves {', '.join(served) or 'no model'}, not {model}: "
                                   "pick one of those, or start the server with --MLXExtension.model=...")
+            if model is not None and self.model_states().get(model) not in (None, "loaded"):
+                self._load_registered(model, self._wait(progress))  # one of the server's other models
+                self.model = model
+                return self
         self.wait_ready(progress=progress, model=model)
         self.model = model
         return self
+
+    def _load_registered(self, model: str, wait: LoadWait) -> None:
+        """Ask the server to load one of its registered models, and wait until it has."""
+        card = self._backend.send("POST", f"models/{model}", timeout=60.0)
+        while card.get("state") == "loading":
+            wait.round({"model": model, "load": card.get("load") or {}})
+            time.sleep(STATUS_POLL_S)
+            card = self._card(model)
+        if card.get("state") != "loaded":
+            raise ClientError(f"{model} did not load on {self.backend}: {card.get('error') or card.get('state')}")
+        wait.finish()
+
+    def _card(self, model: str) -> dict:
+        cards = self._backend.get("models").get("data", [])
+        return next((c for c in cards if c.get("id") == model), {"state": "missing"})
+
+    def unload(self, model: str) -> dict:
+        """Unload `model`: a server's registered model (not its default one), or an embedded shared
+        engine of this process. What the backend says it did."""
+        if not self.embedded:
+            return self._backend.send("DELETE", f"models/{model}", timeout=60.0)
+        engine = backends._ENGINES.pop(model, None)
+        if engine is not None:
+            engine.close()
+        return {"id": model, "unloaded_now": engine is not None, "state": "available"}
 
     def wait_ready(self, timeout: Optional[float] = None, progress: Optional[Progress] = None,
                    model: Optional[str] = None) -> "Client":

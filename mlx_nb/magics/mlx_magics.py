@@ -24,7 +24,7 @@ from mlx_nb.magics.tables import cache_table, models_table, prefix_table, status
 
 NO_QUESTION = ("no question: write it on the lines below `%%mlx chat` (options go on that line: "
                "-s SYSTEM, -n MAX_TOKENS, -t TEMPERATURE, -i IMAGE, --new; %mlx help lists them)")
-SUBCOMMANDS = ["chat", "load", "models", "status", "cache", "batch", "connect", "disconnect", "reset", "help"]
+SUBCOMMANDS = ["chat", "load", "unload", "models", "status", "cache", "batch", "connect", "disconnect", "reset", "help"]
 
 
 def _is_terminal(shell) -> bool:
@@ -202,6 +202,14 @@ class MlxMagics(Magics):
         engine = self.client.load(args.model, progress=print_progress(sys.stdout)).engine
         self.model = args.model
         self._say(f"{args.model} ready ({engine.loaded.kind}, context {engine.loaded.context_length} tokens)")
+
+    @magic_arguments(name="mlx unload")
+    @argument("model", help="a model the server loaded on demand (not its default one), or an embedded engine")
+    def _sub_unload(self, line: str, cell=None):
+        """Free MODEL's memory now (a server loads it again when a request names it)."""
+        args = _parse(self._sub_unload, line)
+        out = self.client.unload(args.model)
+        self._say(f"{args.model} unloaded" if out.get("unloaded_now") else f"{args.model} was not loaded")
 
     @magic_arguments(name="mlx models")
     def _sub_models(self, line: str, cell=None):

@@ -299,6 +299,18 @@ def test_prefix_cache_save_load_clear(ip, magics, monkeypatch, tmp_path):
         assert ", 1 (" in cap.outputs[0].data["text/plain"] and not list(tmp_path.rglob("*.safetensors"))
 
 
+def test_unload_frees_an_embedded_engine(ip, magics):
+    from mlx_nb.client import backends
+
+    _, cap = run(ip, "%mlx unload tiny-gemma3")
+    assert cap.stdout.strip() == "mlx: tiny-gemma3 was not loaded"
+    magics.client.chat("hi", model="tiny-gemma3", max_tokens=2)
+    engine = backends._ENGINES["tiny-gemma3"]
+    _, cap = run(ip, "%mlx unload tiny-gemma3")
+    assert cap.stdout.strip() == "mlx: tiny-gemma3 unloaded"
+    assert engine.closed and "tiny-gemma3" not in backends._ENGINES and "tiny-llama" in backends._ENGINES
+
+
 def test_cache_of_a_live_request(ip, magics):
     st = magics.client.stream("go on", max_tokens=3000)
     next(st)

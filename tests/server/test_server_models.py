@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from live_server import serving
-from mlx_nb import Client, Engine
+from mlx_nb import Engine
+from mlx_nb.client import Client, ClientError
 from mlx_nb.magics.tables import models_table
 
 DEFAULT = "tiny-llama"
@@ -101,6 +102,14 @@ def test_the_budget_unloads_the_idle_model_keep_alive_unloads_and_too_big_is_a_5
         assert info.value.status_code == 503 and "memory budget" in info.value.message
         assert "MLXExtension.memory_budget" in info.value.message
         assert ask(server, DEFAULT, "still serving")  # the refusal changed nothing
+
+        client = Client(server.url, server.key)
+        client.load(OTHERS[0])  # loaded on request, before any chat names it (the other idle one makes room)
+        assert states(server)[OTHERS[0]] == "loaded" and states(server)[OTHERS[1]] == "available"
+        assert client.unload(OTHERS[0])["unloaded_now"] and states(server)[OTHERS[0]] == "available"
+        with pytest.raises(ClientError, match="default model"):
+            client.unload(DEFAULT)
+        ask(server, OTHERS[1], "again")
 
         deadline = time.monotonic() + 60  # keep_alive 2 s; the sweep runs every half second
         while states(server)[OTHERS[1]] != "available":
