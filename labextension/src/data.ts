@@ -12,8 +12,19 @@ export interface RequestStatus {
   tokens_per_s?: number | null;
 }
 
+/** One model the server may serve (the `registry` part of the status route). */
+export interface RegistryModel {
+  name: string;
+  state: string; // available, loading, loaded, failed
+  pinned: boolean;
+  reserved_bytes?: number | null;
+  estimated_bytes?: number | null;
+  error?: string | null;
+}
+
 export interface EngineStatus {
   model: string;
+  registry?: { budget_bytes: number; used_bytes: number; models: RegistryModel[] } | null;
   ready: boolean;
   loading: boolean;
   error?: string | null;
@@ -60,6 +71,38 @@ export function cleanSvg(text: string): SVGSVGElement | null {
     }
   }
   return document.importNode(svg, true) as unknown as SVGSVGElement;
+}
+
+/** "1.5 GiB", "640 KiB": bytes as the magics print them. */
+export function humanBytes(n: number | null | undefined): string {
+  let value = n ?? 0;
+  for (const unit of ['B', 'KiB', 'MiB']) {
+    if (value < 1024) {
+      return unit === 'B' ? `${Math.round(value)} B` : `${value.toFixed(1)} ${unit}`;
+    }
+    value /= 1024;
+  }
+  return `${value.toFixed(2)} GiB`;
+}
+
+/** The server's models, one line each (name, state, what it reserves of the memory budget: weights and
+ * prefix-cache budget, or an estimate before it loads), when it serves more than one; else none. */
+export function modelLines(status: EngineStatus): { name: string; state: string; detail: string }[] {
+  const models = status.registry?.models ?? [];
+  if (models.length < 2) {
+    return [];
+  }
+  return models.map(m => {
+    const held =
+      m.reserved_bytes != null ? `reserves ${humanBytes(m.reserved_bytes)}` : `about ${humanBytes(m.estimated_bytes)}`;
+    const detail = m.state === 'failed' ? (m.error ?? 'failed') : held + (m.pinned ? ' · default' : '');
+    return { name: shortName(m.name), state: m.state, detail };
+  });
+}
+
+/** How many models besides the default one are loaded (the status bar says "+N"). */
+export function othersLoaded(status: EngineStatus): number {
+  return (status.registry?.models ?? []).filter(m => !m.pinned && m.state === 'loaded').length;
 }
 
 /** A model served from a folder is named by the folder, not its whole path. */

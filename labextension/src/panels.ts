@@ -3,7 +3,7 @@
 import { Panel, Widget } from '@lumino/widgets';
 
 import { abortRequest } from './api';
-import { EngineStatus, RequestStatus, shortName, stateOf, waiting } from './data';
+import { EngineStatus, RequestStatus, modelLines, othersLoaded, shortName, stateOf, waiting } from './data';
 
 /** One line: model · state · batch · queue · tokens/s. Clicking it runs `onClick`. */
 export class StatusItem extends Widget {
@@ -22,7 +22,8 @@ export class StatusItem extends Widget {
       return;
     }
     const state = stateOf(status);
-    const parts = [`MLX · ${shortName(status.model)} · ${state}`];
+    const others = othersLoaded(status);
+    const parts = [`MLX · ${shortName(status.model)}${others ? ` (+${others})` : ''} · ${state}`];
     if (status.ready) {
       parts.push(`batch ${status.batch_size ?? 0}`, `queue ${waiting(status)}`);
       parts.push(`${(status.tokens_per_s ?? 0).toFixed(1)} tok/s`);
@@ -40,6 +41,7 @@ export class StatusItem extends Widget {
  */
 export class Sidebar extends Panel {
   private requests = new Widget();
+  private models = document.createElement('ul');
   private header = document.createElement('div');
   private list = document.createElement('ul');
   private cache = document.createElement('div');
@@ -57,7 +59,8 @@ export class Sidebar extends Panel {
     this.list.className = 'mlx-nb-Sidebar-requests';
     this.cache.className = 'mlx-nb-Sidebar-cache';
     this.requests.addClass('mlx-nb-Sidebar-live');
-    this.requests.node.append(this.header, this.list, this.cache);
+    this.models.className = 'mlx-nb-Sidebar-models';
+    this.requests.node.append(this.models, this.header, this.list, this.cache);
     this.timeline.addClass('mlx-nb-Sidebar-timeline');
     this.addWidget(this.requests);
     this.addWidget(this.timeline);
@@ -96,6 +99,22 @@ export class Sidebar extends Panel {
       this.list.replaceChildren();
       return;
     }
+    this.models.replaceChildren(
+      ...modelLines(status).map(m => {
+        const li = document.createElement('li');
+        li.className = 'mlx-nb-Model';
+        li.dataset.state = m.state;
+        li.dataset.name = m.name;
+        const name = document.createElement('span');
+        name.className = 'mlx-nb-Model-name';
+        name.textContent = m.name;
+        const state = document.createElement('span');
+        state.className = 'mlx-nb-Model-state';
+        state.textContent = `${m.state} · ${m.detail}`;
+        li.append(name, state);
+        return li;
+      })
+    );
     const requests = status.requests ?? [];
     this.header.textContent =
       `${shortName(status.model)} · ${stateOf(status)} · batch ${status.batch_size ?? 0} · ` +

@@ -1,6 +1,16 @@
 // What the browser tests do not reach: every engine state the status bar can name, the queue
 // count, and the SVG cleaning against hostile pictures.
-import { cleanSvg, completionAsk, EngineStatus, pictureWidth, shortName, stateOf, waiting } from '../src/data';
+import {
+  cleanSvg,
+  completionAsk,
+  EngineStatus,
+  modelLines,
+  othersLoaded,
+  pictureWidth,
+  shortName,
+  stateOf,
+  waiting
+} from '../src/data';
 
 const base: EngineStatus = { model: 'm', ready: true, loading: false, requests: [] };
 
@@ -88,5 +98,27 @@ describe('completionAsk', () => {
     const ask = completionAsk(long, 5000, true)!;
     expect(ask.prompt).toBe('a'.repeat(2000));
     expect(ask.suffix).toBe('b'.repeat(1000));
+  });
+});
+
+describe('modelLines', () => {
+  const one: EngineStatus = { model: 'tiny-llama', ready: true, loading: false };
+  it('lists nothing for a server of one model', () => {
+    expect(modelLines(one)).toEqual([]);
+    expect(modelLines({ ...one, registry: { budget_bytes: 1, used_bytes: 0, models: [
+      { name: 'tiny-llama', state: 'loaded', pinned: true, reserved_bytes: 10 }] } })).toEqual([]);
+  });
+  it('names each model with its state and memory, and counts the others loaded', () => {
+    const status: EngineStatus = { ...one, registry: { budget_bytes: 1 << 30, used_bytes: 0, models: [
+      { name: 'tiny-llama', state: 'loaded', pinned: true, reserved_bytes: 1536 },
+      { name: '/models/qwen', state: 'available', pinned: false, reserved_bytes: null, estimated_bytes: 3 * 2 ** 30 },
+      { name: 'gemma', state: 'loaded', pinned: false, reserved_bytes: 2 ** 20 },
+      { name: 'broken', state: 'failed', pinned: false, error: 'no config.json' }] } };
+    expect(modelLines(status)).toEqual([
+      { name: 'tiny-llama', state: 'loaded', detail: 'reserves 1.5 KiB · default' },
+      { name: 'qwen', state: 'available', detail: 'about 3.00 GiB' },
+      { name: 'gemma', state: 'loaded', detail: 'reserves 1.0 MiB' },
+      { name: 'broken', state: 'failed', detail: 'no config.json' }]);
+    expect(othersLoaded(status)).toBe(1);
   });
 });

@@ -101,8 +101,9 @@ class ModelRegistry:
     def pin(self, name: str, engine) -> None:
         """The default model: registered with its engine, never unloaded."""
         with self.lock:
-            entry = self.entries.setdefault(name, Entry(name, engine.model_name))
+            entry = self.entries.pop(name, None) or Entry(name, engine.model_name)
             entry.engine, entry.pinned, entry.last_used = engine, True, self.clock()
+            self.entries = {name: entry, **self.entries}  # listed first
 
     def names(self) -> list[str]:
         return list(self.entries)

@@ -73,9 +73,10 @@ def _write_notebook(path: Path, cells: list[str]) -> None:
 class Lab:
     """A `jupyter lab` subprocess on loopback with its own token, root, settings and workspaces."""
 
-    def __init__(self, root: Path, cells: list[str], model: str = "smollm2-135m-instruct", files: tuple = ()):
-        """`cells`: the notebook's code cells; `files`: more files copied next to it."""
-        self.root, self.cells, self.model, self.files = root, cells, model, files
+    def __init__(self, root: Path, cells: list[str], model: str = "smollm2-135m-instruct", files: tuple = (),
+                 args: tuple = ()):
+        """`cells`: the notebook's code cells; `files`: more files copied next to it; `args`: more server flags."""
+        self.root, self.cells, self.model, self.files, self.args = root, cells, model, files, args
         self.port, self.token = _free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = root / "lab.log"
@@ -118,6 +119,7 @@ class Lab:
             f"--LabApp.workspaces_dir={self.root / 'workspaces'}",
             f"--LabApp.user_settings_dir={settings}",
             f"--MLXExtension.model={self.model}",
+            *self.args,
         ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)

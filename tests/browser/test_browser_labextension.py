@@ -354,6 +354,46 @@ def test_status_poll_backs_off_while_the_engine_fails_and_stands_by_while_hidden
         assert not errors, errors
 
 
+def test_sidebar_lists_the_servers_models_and_their_states(tmp_path, page):
+    """A server of two models: the sidebar lists both with their states, and once a request names
+    the second one it shows it loaded and the status bar counts it; light and dark themes."""
+    from playwright.sync_api import expect
+
+    extension_installed()
+    (tmp_path / "lab").mkdir()
+    with Lab(tmp_path / "lab", ["1 + 1"], model="tiny-llama", args=("--MLXExtension.models=tiny-gemma3",)) as two, \
+            watched(page, two, "labext-99-models-failure") as errors:
+        page.goto(f"{two.base}/lab?token={two.token}", wait_until="domcontentloaded", timeout=60 * MS)
+        item = page.locator(".mlx-nb-StatusItem")
+        expect(item).to_contain_text("tiny-llama · ready", timeout=WAIT_S * MS)
+        item.click()
+        models = page.locator("#mlx-nb-sidebar .mlx-nb-Model")
+        expect(models).to_have_count(2, timeout=WAIT_S * MS)
+        expect(models.nth(0)).to_have_attribute("data-state", "loaded")
+        expect(models.nth(1)).to_have_attribute("data-state", "available")
+        expect(models.nth(1)).to_contain_text("tiny-gemma3")
+
+        key = (two.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+        r = httpx.post(f"{two.base}/mlx/v1/chat/completions", timeout=WAIT_S, trust_env=False,
+                       headers={"Authorization": f"Bearer {key}"},
+                       json={"model": "tiny-gemma3", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["model"] == "tiny-gemma3", r.text
+        expect(models.nth(1)).to_have_attribute("data-state", "loaded", timeout=WAIT_S * MS)
+        expect(models.nth(1)).to_contain_text("loaded · reserves")
+        expect(item).to_contain_text("tiny-llama (+1) · ready")
+        worst, where = weakest_contrast(models.locator("span"))
+        assert worst >= 4.5, f"light theme: {where} ({worst:.2f})"
+        _shot(page, "labext-light-06-two-models")
+
+        menu(page, "Settings", "Theme", "JupyterLab Dark")
+        expect(page.locator("body[data-jp-theme-light='false']")).to_have_count(1, timeout=60 * MS)
+        page.wait_for_timeout(1000)
+        worst, where = weakest_contrast(models.locator("span"))
+        assert worst >= 4.5, f"dark theme: {where} ({worst:.2f})"
+        _shot(page, "labext-dark-06-two-models")
+        assert not errors, errors
+
+
 def test_inline_completion_in_a_code_cell_and_tab_accepts_it(tmp_path, page):
     """Typing in a code cell shows the shared engine's continuation as ghost text (its request
     shows in the batch as source "completer"); Tab accepts it into the cell."""
