@@ -31,6 +31,7 @@ from mlx_nb.api import (
     APIError,
     count_tokens_kwargs,
     model_card,
+    invalid_request,
     model_not_found,
     models_list,
     not_found,
@@ -42,7 +43,7 @@ from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, 
 from mlx_nb.api.tool_calls import DEFAULT_MARKERS
 from mlx_nb.engine.generic_tools import GENERIC
 from mlx_nb.engine.images import prefetch_remote_images
-from mlx_nb.engine.registry import ModelUnavailable
+from mlx_nb.engine.registry import ModelUnavailable, keep_alive_seconds
 from mlx_nb.engine.submit_request import SubmitRequest
 
 SSE = "text/event-stream; charset=utf-8"
@@ -155,10 +156,15 @@ class GenerateHandler(ProxyMixin, MLXHandler):
         if not self.ext.registered(name):  # the default model, an alias, or a name the route refuses
             self.chosen = self.ready_engine()
             return self.chosen, self.chosen.model_name
+        try:
+            keep = keep_alive_seconds(requested_field(self.request.body, "keep_alive"))
+        except ValueError as exc:
+            raise invalid_request(str(exc), "keep_alive") from None
         try:  # off the event loop: making room may close an idle model's engine
             engine = await asyncio.to_thread(self.ext.registry.engine_for, name)
         except ModelUnavailable as exc:
             raise APIError(503, str(exc), "service_unavailable", "model", "model_too_large") from None
+        self.ext.registry.keep_alive(name, keep)
         while not engine.ready and engine.load_error is None and not engine.closed:
             await asyncio.sleep(0.05)  # loading: this request waits for it, the other models keep serving
         if engine.load_error is not None:
@@ -267,12 +273,17 @@ class GenerateHandler(ProxyMixin, MLXHandler):
             await self.flush()
 
 
-def requested_model(body: bytes) -> Optional[str]:
-    """The `model` a request body names, or None (the route's parser says what is wrong with a bad body)."""
+def requested_field(body: bytes, field: str):
+    """A top-level field of a request body, or None (the route's parser says what is wrong with a bad body)."""
     try:
-        name = json.loads(body).get("model")
+        return json.loads(body).get(field)
     except (ValueError, AttributeError, TypeError, RecursionError):
         return None
+
+
+def requested_model(body: bytes) -> Optional[str]:
+    """The `model` a request body names, or None."""
+    name = requested_field(body, "model")
     return name if isinstance(name, str) else None
 
 

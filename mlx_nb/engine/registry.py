@@ -39,6 +39,7 @@ class Entry:
     last_used: float = 0.0
     estimate: Optional[int] = None  # bytes its files take, before it is loaded
     unloaded: int = 0  # times it was unloaded (idle or for room)
+    keep_alive_s: Optional[float] = None  # the last request's keep_alive (None: the server's; < 0: forever)
 
     @property
     def state(self) -> str:
@@ -66,6 +67,30 @@ def entries_from(specs: list[str]) -> dict[str, str]:
             name = path.stem if path.suffix.lower() in SCAN_SUFFIXES else (path.name if path.exists() else source)
         out[name.strip()] = source.strip()
     return out
+
+
+def keep_alive_seconds(value: Any) -> Optional[float]:
+    """A request's `keep_alive`, as Ollama reads it: seconds (a number), a duration ("90s", "5m",
+    "1h"), 0 to unload once idle, a negative value to keep loaded; None if not given. ValueError
+    (with what to send) for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("keep_alive must be seconds or a duration such as '5m', not true/false")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip().lower()
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for unit in ("ms", "s", "m", "h"):
+        if text.endswith(unit):
+            try:
+                return float(text[: -len(unit)]) * units[unit]
+            except ValueError:
+                break
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"keep_alive must be seconds or a duration such as '5m' or '1h', not {value!r}") from None
 
 
 def estimate_bytes(source: str) -> Optional[int]:
@@ -181,13 +206,21 @@ class ModelRegistry:
                 e = entry.engine
                 if e is None or entry.pinned:
                     continue
-                if e.load_error is not None or (e.idle and e.ready and now - entry.last_used > self.keep_alive_s):
+                keep = self.keep_alive_s if entry.keep_alive_s is None else entry.keep_alive_s
+                expired = keep >= 0 and now - entry.last_used > keep
+                if e.load_error is not None or (e.idle and e.ready and expired):
                     closing.append((entry.name, e))
                     entry.engine = None
                     entry.unloaded += e.load_error is None
         for _, engine in closing:
             engine.close()
         return [name for name, _ in closing]
+
+    def keep_alive(self, name: str, seconds: Optional[float]) -> None:
+        """A request's keep_alive for its model: from now on, how long it stays loaded once idle."""
+        if seconds is not None:
+            with self.lock:
+                self.entries[name].keep_alive_s = seconds
 
     def unload(self, name: str) -> bool:
         """Unload a model now (not the pinned default); whether it was loaded."""
@@ -218,6 +251,7 @@ class ModelRegistry:
                 card = {"name": entry.name, "state": entry.state, "pinned": entry.pinned,
                         "reserved_bytes": self.reserved(entry) if e is not None else None,
                         "estimated_bytes": entry.estimate, "unloaded": entry.unloaded,
+                        "keep_alive_s": self.keep_alive_s if entry.keep_alive_s is None else entry.keep_alive_s,
                         "idle_s": round(self.clock() - entry.last_used, 1) if e is not None else None}
                 if entry.state == "loading":
                     card["load"] = e.load_progress.to_dict()

@@ -30,9 +30,9 @@ def states(server) -> dict:
     return {m.id: getattr(m, "state", None) for m in sdk(server).models.list().data}
 
 
-def ask(server, model: str, text: str) -> str:
+def ask(server, model: str, text: str, **extra) -> str:
     r = sdk(server).chat.completions.create(model=model, max_tokens=MAX, temperature=0,
-                                            messages=[{"role": "user", "content": text}])
+                                            messages=[{"role": "user", "content": text}], extra_body=extra or None)
     assert r.model == model
     return r.choices[0].message.content
 
@@ -116,6 +116,19 @@ def test_the_budget_unloads_the_idle_model_keep_alive_unloads_and_too_big_is_a_5
             assert time.monotonic() < deadline, "the idle model was never unloaded"
             time.sleep(0.25)
         assert states(server)[DEFAULT] == "loaded"  # pinned: never unloaded
+
+        # Ollama's keep_alive per request: negative keeps the model, 0 unloads it once idle
+        with pytest.raises(openai.BadRequestError, match="keep_alive"):
+            ask(server, OTHERS[1], "hi", keep_alive="soon")
+        ask(server, OTHERS[1], "stay", keep_alive="-1")
+        time.sleep(4)  # twice the server's keep_alive, eight sweeps
+        assert states(server)[OTHERS[1]] == "loaded"
+        assert {m.id: m for m in sdk(server).models.list().data}[OTHERS[1]].keep_alive_s == -1
+        ask(server, OTHERS[1], "go", keep_alive=0)
+        deadline = time.monotonic() + 60
+        while states(server)[OTHERS[1]] != "available":
+            assert time.monotonic() < deadline, "keep_alive 0 did not unload the model once idle"
+            time.sleep(0.25)
 
 
 def test_a_stream_keeps_decoding_while_another_model_loads(tmp_path_factory, record_property):
