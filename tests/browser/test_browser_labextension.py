@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -29,16 +31,51 @@ NOTEBOOKS = ("notebook one.ipynb", "notebook two.ipynb")
 HOSTILE = '<img src=x onerror="window.__mlx_xss=1"><script>window.__mlx_xss=2</script>'  # a request's own text
 
 
-@pytest.fixture
-def lab(tmp_path):
+@contextmanager
+def long_llama_lab(root: Path):
     """A tiny llama with a 64k context: its chats outlast every step of a test on a loaded machine."""
     from mlx_nb.compat.configs import write_tiny
 
     extension_installed()
-    model = write_tiny("llama", tmp_path / "long-llama", 7, {"max_position_embeddings": 65536})
-    (tmp_path / "lab").mkdir()
-    with Lab(tmp_path / "lab", ["1 + 1"], model=str(model)) as server:
+    model = write_tiny("llama", root / "long-llama", 7, {"max_position_embeddings": 65536})
+    (root / "lab").mkdir()
+    with Lab(root / "lab", ["1 + 1"], model=str(model)) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def shared_lab(tmp_path_factory):
+    """One Lab for the tests that need nothing else (starting one takes a while)."""
+    with long_llama_lab(tmp_path_factory.mktemp("labext")) as server:
+        yield server
+
+
+@pytest.fixture
+def own_lab(tmp_path):
+    """A Lab of its own, for a test that counts its page's polls from the server's first answer."""
+    with long_llama_lab(tmp_path) as server:
+        yield server
+
+
+# What a test may change and the next must not inherit: the extension's settings and the theme.
+RESET_SETTINGS = ("lab/api/settings/mlx-nb-labextension:plugin", "lab/api/settings/@jupyterlab/apputils-extension:themes")
+
+
+@pytest.fixture
+def lab(shared_lab):
+    """The shared Lab with its settings back to their defaults and no request running."""
+    for route in RESET_SETTINGS:
+        r = httpx.put(f"{shared_lab.base}/{route}", json={"raw": "{}"}, timeout=30, trust_env=False,
+                      headers={"Authorization": f"token {shared_lab.token}"})
+        assert r.status_code == 204, (route, r.text)
+    key = (shared_lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+    for _ in range(300):
+        status = httpx.get(f"{shared_lab.base}/mlx/v1/status", timeout=30, trust_env=False,
+                           headers={"Authorization": f"Bearer {key}"}).json()
+        if not status.get("requests"):
+            break
+        time.sleep(0.1)
+    return shared_lab
 
 
 def chat(lab: Lab, source: str, max_tokens: int, out: dict) -> None:
@@ -307,13 +344,14 @@ HIDE_PAGE = """hidden => {
 }"""
 
 
-def test_status_poll_backs_off_while_the_engine_fails_and_stands_by_while_hidden(lab, page):
+def test_status_poll_backs_off_while_the_engine_fails_and_stands_by_while_hidden(own_lab, page):
     """With a 250-ms poll interval saved before the page loads: while the status route answers 503
     the poll backs off (far fewer requests than a fixed 250-ms loop would make), it returns to its
     interval once the route answers again, and it stops while the page is hidden. Counts, not
     timings: each bound is several times the distance between the two behaviours' expected counts."""
     from playwright.sync_api import expect
 
+    lab = own_lab
     saved = httpx.put(f"{lab.base}/{SETTINGS_ROUTE}", json={"raw": json.dumps({"pollInterval": 250})},
                       headers={"Authorization": f"token {lab.token}"}, timeout=30, trust_env=False)
     assert saved.status_code == 204, saved.text  # the server knows the schema: the extension's build ships it
