@@ -54,7 +54,18 @@ class EngineCollector:
         yield requests
         ready = GaugeMetricFamily("mlx_model_ready", "1 once the model serves requests", labels=["model"])
         ready.add_metric([model], 1.0 if engine is not None and engine.ready else 0.0)
+        registered = [m for m in self.ext.registry.describe() if not m["pinned"]]
+        for m in registered:  # the other models this server may load
+            ready.add_metric([m["name"]], 1.0 if m["state"] == "loaded" else 0.0)
         yield ready
+        if registered:
+            reserved = GaugeMetricFamily("mlx_model_reserved_bytes", "What a loaded model counts against the "
+                                         "memory budget (weights and its prefix cache's budget)", labels=["model"])
+            for m in registered:
+                reserved.add_metric([m["name"]], float(m["reserved_bytes"] or 0))
+            yield reserved
+            yield GaugeMetricFamily("mlx_memory_budget_bytes", "Bytes the loaded models may hold together",
+                                    value=float(self.ext.registry.budget_bytes))
         if engine is None or not engine.ready:
             return
         status = engine.status()

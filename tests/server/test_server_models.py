@@ -72,6 +72,14 @@ def test_concurrent_chats_naming_three_models_each_answer_as_that_model_alone(tm
         assert status["memory"]["peak_bytes"] <= registry["budget_bytes"]  # MLX's peak, every model's arrays
         loaded = {m["name"] for m in registry["models"] if m["state"] == "loaded"}
         assert loaded == {n for n, _ in asks}
+        from prometheus_client.parser import text_string_to_metric_families
+
+        scraped = {f.name: f for f in text_string_to_metric_families(server.http.get(f"{server.url}/metrics").text)}
+        ready = {s.labels["model"]: s.value for s in scraped["mlx_model_ready"].samples}
+        assert ready == {m: 1.0 if m in loaded else 0.0 for m in [DEFAULT, *OTHERS]}
+        reserved = {s.labels["model"]: s.value for s in scraped["mlx_model_reserved_bytes"].samples}
+        assert all((reserved[m] > PREFIX) == (m in loaded) for m in OTHERS), reserved
+        assert scraped["mlx_memory_budget_bytes"].samples[0].value == registry["budget_bytes"]
 
 
 def test_the_budget_unloads_the_idle_model_keep_alive_unloads_and_too_big_is_a_503(tmp_path_factory):
