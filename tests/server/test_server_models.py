@@ -91,7 +91,7 @@ def test_the_budget_unloads_the_idle_model_keep_alive_unloads_and_too_big_is_a_5
         f.truncate(64 * 2**20)
     # room for the default model and one more tiny one, not two
     budget = 2 * PREFIX + 370_000 + 800_000 + 200_000  # llama and gemma or qwen (each ~0.75 MB), not all three
-    extra = (f"--MLXExtension.memory_budget={budget}", "--MLXExtension.keep_alive_s=2")
+    extra = (f"--MLXExtension.memory_budget={budget}", "--MLXExtension.keep_alive_s=600")  # nothing expires unasked
     (root / "server").mkdir()
     with serving(root / "server", DEFAULT, *registered([*OTHERS, f"big={big}"]),
                  f"--MLXExtension.prefix_cache_bytes={PREFIX}", *extra) as server:
@@ -117,35 +117,33 @@ def test_the_budget_unloads_the_idle_model_keep_alive_unloads_and_too_big_is_a_5
         assert client.unload(OTHERS[0])["unloaded_now"] and states(server)[OTHERS[0]] == "available"
         with pytest.raises(ClientError, match="default model"):
             client.unload(DEFAULT)
-        ask(server, OTHERS[1], "again")
-
-        deadline = time.monotonic() + 60  # keep_alive 2 s; the sweep runs every half second
+        # Ollama's keep_alive per request: a bad one is a 400; "1s" unloads the model once idle that long
+        with pytest.raises(openai.BadRequestError, match="keep_alive"):
+            ask(server, OTHERS[1], "hi", keep_alive="soon")
+        ask(server, OTHERS[1], "brief", keep_alive="1s")
+        assert {m.id: m for m in sdk(server).models.list().data}[OTHERS[1]].keep_alive_s == 1
+        deadline = time.monotonic() + 60  # the sweep runs every 5 s here
         while states(server)[OTHERS[1]] != "available":
             assert time.monotonic() < deadline, "the idle model was never unloaded"
             time.sleep(0.25)
         assert states(server)[DEFAULT] == "loaded"  # pinned: never unloaded
 
-        # Ollama's keep_alive per request: negative keeps the model, 0 unloads it once idle
-        with pytest.raises(openai.BadRequestError, match="keep_alive"):
-            ask(server, OTHERS[1], "hi", keep_alive="soon")
-        ask(server, OTHERS[1], "stay", keep_alive="-1")
-        time.sleep(4)  # twice the server's keep_alive, eight sweeps
-        assert states(server)[OTHERS[1]] == "loaded"
-        assert {m.id: m for m in sdk(server).models.list().data}[OTHERS[1]].keep_alive_s == -1
-        ask(server, OTHERS[1], "go", keep_alive=0)
-        deadline = time.monotonic() + 60
-        while states(server)[OTHERS[1]] != "available":
-            assert time.monotonic() < deadline, "keep_alive 0 did not unload the model once idle"
-            time.sleep(0.25)
-
 
 def test_a_stream_keeps_decoding_while_another_model_loads(tmp_path_factory, record_property):
     """The default model streams a long answer; meanwhile a request names another model, which
-    loads on its own thread. The stream goes on (tokens before, during and after the load) and its
-    longest pause is recorded, not asserted (timings are the bench's)."""
+    loads on its own thread. The stream goes on, by construction: a tiny llama with a 64k context
+    and its end-of-text token barred streams until the load is done and 20 tokens more have come.
+    The longest pause while the other model loaded is recorded, not asserted (timings are the bench's)."""
     import threading
 
-    with serving(tmp_path_factory.mktemp("load-beside"), DEFAULT, *options()) as server:
+    from mlx_nb.compat.configs import write_tiny
+    from mlx_nb.models import load_model
+
+    root = tmp_path_factory.mktemp("load-beside")
+    long_llama = str(write_tiny("llama", root / "long-llama", 7, {"max_position_embeddings": 65536}))
+    eos = {str(t): -100 for t in load_model(long_llama).tokenizer.eos_token_ids}
+    (root / "server").mkdir()
+    with serving(root / "server", long_llama, *options()) as server:
         stamps: list[float] = []
         loaded: dict = {}
 
@@ -155,19 +153,22 @@ def test_a_stream_keeps_decoding_while_another_model_loads(tmp_path_factory, rec
             loaded["end"] = time.monotonic()
 
         stream = sdk(server).chat.completions.create(
-            model=DEFAULT, max_tokens=400, temperature=0, stream=True, logit_bias={"258": -100},
+            model=long_llama, max_tokens=60000, temperature=0, stream=True, logit_bias=eos,
             messages=[{"role": "user", "content": "Tell a long story."}])
-        other = None
+        other = threading.Thread(target=load_other)
+        after = 0
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 stamps.append(time.monotonic())
                 if len(stamps) == 20:
-                    other = threading.Thread(target=load_other)
                     other.start()
-        assert other is not None, "the stream ended before its 20th token"
+                after += "end" in loaded
+                if after >= 20:
+                    stream.close()  # enough: the stream went on past the load
+                    break
+        assert after >= 20, "the stream ended before the other model had loaded"
         other.join(120)
         assert loaded.get("reply") is not None and states(server)[OTHERS[1]] == "loaded"
-        assert any(s > loaded["end"] for s in stamps), "the stream stopped when the other model loaded"
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         during = [b - a for a, b in zip(stamps, stamps[1:]) if b >= loaded["start"] and a <= loaded["end"]]
         record_property("longest_pause_while_loading_s", round(max(during or [0.0]), 3))
