@@ -10,7 +10,6 @@ SDKs already retry on (with backoff), so scripts started together with the serve
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -253,13 +252,9 @@ class MLXExtension(ExtensionApp):
         return ModelRegistry(entries, make_engine, self._memory_budget(), self.keep_alive_s, prefix_bytes)
 
     def _memory_budget(self) -> int:
-        if self.memory_budget is not None:
-            return self.memory_budget
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            total = 8 * 2**30
-        return total * 3 // 4
+        from mlx_nb.engine.memory import physical_memory
+
+        return self.memory_budget if self.memory_budget is not None else physical_memory() * 3 // 4
 
     def registered(self, name: Optional[str]) -> bool:
         """Whether `name` is one of the other registered models (not the default one, not an alias)."""

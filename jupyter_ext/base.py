@@ -30,6 +30,7 @@ from mlx_nb.api import (
     request_too_large,
     server_error,
 )
+from mlx_nb.engine.registry import ModelUnavailable
 from mlx_nb.engine.types import RequestError
 
 RETRY_AFTER_S = 2
@@ -93,20 +94,16 @@ class MLXHandler(ExtensionHandlerMixin, APIHandler):
         """The engine, created on first use when `load_on_start` is off."""
         return self.ext.start_engine()
 
-    def ready_engine(self):
-        """The engine if it can take requests; else the 503 that says why."""
-        engine = self.engine()
+    def ready_engine(self, engine=None, name: Optional[str] = None):
+        """`engine` (default: the default model's) if it can take requests; else the 503 that says why."""
+        engine = engine if engine is not None else self.engine()
+        name = name or engine.model_name
         if engine.ready:
             return engine
         if engine.load_error is not None:  # retrying will not help: no Retry-After
-            raise APIError(
-                503,
-                f"model {engine.model_name} failed to load: {engine.load_error}",
-                "service_unavailable",
-                None,
-                "model_load_failed",
-            )
-        raise model_loading(f"model {engine.model_name}")
+            raise APIError(503, f"model {name} failed to load: {engine.load_error}", "service_unavailable", None,
+                           "model_load_failed")
+        raise model_loading(f"model {name}")  # loading, or unloaded while it loaded: retry
 
     # -- writing -----------------------------------------------------------------------------
     def write_json(self, body: Any) -> None:
@@ -119,7 +116,7 @@ class MLXHandler(ExtensionHandlerMixin, APIHandler):
             counts.finished(self.request.path, self.get_status(), bool(getattr(self, "gone", False)))
 
     def log_exception(self, typ, value, tb) -> None:
-        if isinstance(value, (APIError, RequestError)):  # the client's mistake: no traceback
+        if isinstance(value, (APIError, RequestError, ModelUnavailable)):  # said to the client: no traceback
             self.log.info("mlx: %s %s -> %s", self.request.method, self.request.path, value)
             return
         super().log_exception(typ, value, tb)
@@ -143,6 +140,8 @@ def as_api_error(status: int, exc: Optional[BaseException], reason: str = "",
         return exc
     if isinstance(exc, RequestError):
         return from_request_error(exc, fields)
+    if isinstance(exc, ModelUnavailable):  # the memory budget: not the client's mistake, nor a crash
+        return APIError(503, str(exc), "service_unavailable", "model", "model_too_large")
     if isinstance(exc, web.HTTPError):
         status = exc.status_code
         message = exc.log_message or exc.reason or reason

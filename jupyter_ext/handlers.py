@@ -43,7 +43,7 @@ from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, 
 from mlx_nb.api.tool_calls import DEFAULT_MARKERS
 from mlx_nb.engine.generic_tools import GENERIC
 from mlx_nb.engine.images import prefetch_remote_images
-from mlx_nb.engine.registry import ModelUnavailable, keep_alive_seconds
+from mlx_nb.engine.registry import keep_alive_seconds
 from mlx_nb.engine.submit_request import SubmitRequest
 
 SSE = "text/event-stream; charset=utf-8"
@@ -65,7 +65,7 @@ class ModelsHandler(ProxyMixin, MLXHandler):
             if named is None or named["pinned"]:  # the default model and its aliases
                 if engine is not None and engine.loaded is not None:  # what a request that sets nothing gets
                     card["sampling_defaults"] = engine.sampling_defaults()
-                card["state"] = "loaded" if engine is not None and engine.ready else "loading"
+                card["state"] = registry.get(self.ext.model, {}).get("state", "loading")
             else:  # another registered model: loaded when a request names it
                 card.update({k: v for k, v in named.items() if k not in ("name", "pinned")})
         self.write_json(body)
@@ -83,10 +83,7 @@ class ModelHandler(ProxyMixin, MLXHandler):
     async def post(self, name: str):
         """Load a registered model now (before any request names it); its card with its state."""
         self._registered(name)
-        try:
-            await asyncio.to_thread(self.ext.registry.engine_for, name)
-        except ModelUnavailable as exc:
-            raise APIError(503, str(exc), "service_unavailable", "model", "model_too_large") from None
+        await asyncio.to_thread(self.ext.registry.engine_for, name)  # ModelUnavailable: a 503
         self.write_json(self._card(name))
 
     @web.authenticated
@@ -160,20 +157,12 @@ class GenerateHandler(ProxyMixin, MLXHandler):
             keep = keep_alive_seconds(requested_field(self.request.body, "keep_alive"))
         except ValueError as exc:
             raise invalid_request(str(exc), "keep_alive") from None
-        try:  # off the event loop: making room may close an idle model's engine
-            engine = await asyncio.to_thread(self.ext.registry.engine_for, name)
-        except ModelUnavailable as exc:
-            raise APIError(503, str(exc), "service_unavailable", "model", "model_too_large") from None
+        # off the event loop: making room may close an idle model's engine (ModelUnavailable: a 503)
+        engine = await asyncio.to_thread(self.ext.registry.engine_for, name)
         self.ext.registry.keep_alive(name, keep)
         while not engine.ready and engine.load_error is None and not engine.closed:
             await asyncio.sleep(0.05)  # loading: this request waits for it, the other models keep serving
-        if engine.load_error is not None:
-            raise APIError(503, f"model {name} failed to load: {engine.load_error}", "service_unavailable", "model",
-                           "model_load_failed")
-        if not engine.ready:
-            raise APIError(503, f"model {name} was unloaded while it loaded: retry", "service_unavailable", "model",
-                           "model_loading")
-        self.chosen = engine
+        self.chosen = self.ready_engine(engine, name)
         return engine, name
 
     async def submit(self, requests: list[dict]) -> list:

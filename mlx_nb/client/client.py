@@ -92,8 +92,11 @@ class Client:
         wait.finish()
 
     def _card(self, model: str) -> dict:
-        cards = self._backend.get("models").get("data", [])
-        return next((c for c in cards if c.get("id") == model), {"state": "missing"})
+        return next((c for c in self._cards() if c.get("id") == model), {"state": "missing"})
+
+    def _cards(self) -> list[dict]:
+        """The server's `models` list, each model's card."""
+        return [c for c in self._backend.get("models").get("data", []) if isinstance(c, dict)]
 
     def unload(self, model: str) -> dict:
         """Unload `model`: a server's registered model (not its default one), or an embedded shared
@@ -268,8 +271,7 @@ class Client:
         """Each model's state where the backend says: a server's registry ("available", "loading",
         "loaded", "failed"), or (embedded) the shared engines running in this process."""
         if not self.embedded:
-            cards = self._backend.get("models").get("data", [])
-            return {c["id"]: c["state"] for c in cards if isinstance(c, dict) and c.get("state")}
+            return {c["id"]: c["state"] for c in self._cards() if c.get("state")}
         engines = [self._backend.fixed] if self._backend.fixed is not None else list(backends._ENGINES.values())
         return {e.model_name: ("failed" if e.load_error else "loaded" if e.ready else "loading")
                 for e in engines if not e.closed}

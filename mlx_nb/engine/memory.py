@@ -21,13 +21,17 @@ from typing import Optional
 DEFAULT_BUFFER_CACHE_BYTES = 512 << 20  # ample for a step's temporaries at batch 32 on the default model
 
 
+def physical_memory() -> int:
+    """The machine's memory in bytes (8 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
 def default_prefix_budget() -> int:
     """A tenth of physical memory, capped at 4 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 8 << 30
-    return min(total // 10, 4 << 30)
+    return min(physical_memory() // 10, 4 << 30)
 
 
 def rss_bytes() -> Optional[int]:

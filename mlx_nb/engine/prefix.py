@@ -146,10 +146,6 @@ class PrefixCache:
                 del self._unsaved[next(iter(self._unsaved))]
 
     # -- disk --------------------------------------------------------------------------------
-    @property
-    def unsaved(self) -> int:
-        return len(self._unsaved)
-
     def spill_one(self) -> bool:
         """Write the oldest stored entry not yet on disk (engine thread; call it while idle).
         Returns whether there was one to look at: more may follow."""
