@@ -15,7 +15,8 @@ A request's first token is sampled by the same step: `PromptBatch.generate` star
 prompts end as a DecodeBatch (mlx_lm's starts a plain GenerationBatch, normalizing every row over
 the vocabulary once more). When every row of the prompt batch ends in the same step (a lone chat,
 a burst of short ones), `PromptBatch.split` hands its cache over instead of deep-copying it: mlx_lm
-copies the cache for the rows that stay, and here none do.
+copies the cache for the rows that stay, and here none do. Both batches build their forward inside
+`adapter_rows`, so a row whose request names a LoRA adapter gets that adapter's terms (models/lora.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBat
 
 from mlx_nb.engine.sampling import TokenSampler
 from mlx_nb.kernels import ops
+from mlx_nb.models.lora import adapter_rows
 
 _log_softmax = ops.log_softmax
 
@@ -83,7 +85,8 @@ class DecodeBatch(GenerationBatch):
         self._current_logprobs = self._next_logprobs
         inputs = self._current_tokens
 
-        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        with adapter_rows(self.model, self.uids):  # each row's own LoRA adapter, if it asked for one
+            logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
 
         token_context = []
         if any(self.logits_processors):
@@ -130,6 +133,10 @@ class PromptBatch(PromptProcessingBatch):
         for name in ROW_FIELDS:  # this batch keeps none of them
             setattr(self, name, [])
         return moved
+
+    def prompt(self, tokens: list[list[int]]):
+        with adapter_rows(self.model, self.uids):  # each row's own LoRA adapter, if it asked for one
+            return super().prompt(tokens)
 
     def generate(self, tokens: list[list[int]]) -> "DecodeBatch":
         """As mlx_lm's: the prompts but their last tokens read, then a decode batch on those."""

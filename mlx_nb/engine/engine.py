@@ -27,6 +27,7 @@ from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.loop import EngineClosedError, EngineLoop
 from mlx_nb.engine.messages import normalize_messages
 from mlx_nb.engine.prefix import segment_boundaries
+from mlx_nb.engine.adapter_controls import AdapterControls
 from mlx_nb.engine.prefix_controls import PrefixCacheControls
 from mlx_nb.engine.prompts import chat_tool_format, encode_prompt, render_chat
 from mlx_nb.engine.reasoning import reasoning_format
@@ -56,7 +57,7 @@ def _stop_all_at_exit(timeout: float = 30.0) -> None:
         job.join(timeout)
 
 
-class Engine(PrefixCacheControls):
+class Engine(PrefixCacheControls, AdapterControls):
     """`Engine("tiny-llama")` loads the model on its own thread and serves `submit()` calls.
 
     Dropping an Engine (or re-running `eng = Engine(...)` in a notebook) closes it: its thread
@@ -256,6 +257,7 @@ class Engine(PrefixCacheControls):
             extra["no_prefix_cache"] = True
         else:
             tokens, extra["boundaries"] = self._prompt_tokens(loaded, request)
+        self._check_adapter(req.adapter, loaded, extra)
         if len(tokens) >= context:
             raise ContextOverflowError(self.model_name, len(tokens), context, self._system_tokens(loaded, request),
                                        "messages" if messages is not None else "prompt")
@@ -448,6 +450,7 @@ class Engine(PrefixCacheControls):
             "memory": self._loop.memory.status(runner.prefix),
             "options": dict(self.options),
             "prefix_cache": runner.prefix.status() if runner.prefix is not None else {"enabled": False},
+            "adapters": self._adapters_on_thread(),
             "requests": requests,
         }
 

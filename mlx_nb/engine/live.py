@@ -83,4 +83,5 @@ class LiveRequest:
             "images": len(self.images),
             "source": self.extra.get("source"),  # who asked: a notebook, a route's client (X-MLX-Source)
             "label": self.extra.get("label"),  # the prompt's first words
+            "adapter": self.extra.get("adapter"),  # the LoRA adapter its row decodes with, or None
         }

@@ -18,11 +18,12 @@ from typing import Callable, Optional
 from mlx_nb.engine.events import EventLog
 from mlx_nb.models.cache_layout import describe_layers
 from mlx_nb.models.cache_types import cache_type_name
+from mlx_nb.models.lora import attach_router
 from mlx_nb.engine.latency import Latency
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.pacing import PrefillPacer
 from mlx_nb.engine.sampling import SamplerCache, logits_processors
-from mlx_nb.engine.types import TokenLogprob, first_line
+from mlx_nb.engine.types import RequestError, TokenLogprob, first_line
 from mlx_nb.engine.upstream import extracted, progress, responses
 
 log = logging.getLogger("mlx_nb.engine")
@@ -63,6 +64,8 @@ class BatchRunner:
         self._peak_batch = 0
         self._read_tokens = 0  # prompt tokens read in the current step, for the pacer
         self._bg = self._new_generator()
+        # LoRA adapters loaded on this model, applied to the rows whose requests name one (models/lora.py)
+        self.lora = attach_router(loaded.model, self._adapter_of) if loaded.kind != "vision" else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _new_generator(self):
@@ -92,6 +95,10 @@ class BatchRunner:
         return list(self.by_uid.values())
 
     # -- admission ---------------------------------------------------------------------------
+    def _adapter_of(self, uid: int) -> Optional[str]:
+        live = self.by_uid.get(uid)
+        return None if live is None else live.extra.get("adapter")
+
     def _reuses_prefix(self, live: LiveRequest) -> bool:
         return self.prefix is not None and not live.extra.get("no_prefix_cache")
 
@@ -99,6 +106,9 @@ class BatchRunner:
         """Insert a request, starting from `caches` (holding `all_tokens`) or a prefix-cache hit."""
         p = live.request.sampling
         prompt = live.prompt_tokens
+        adapter = live.extra.get("adapter")
+        if adapter is not None and (self.lora is None or adapter not in self.lora.adapters):
+            raise RequestError(f"adapter {adapter} was unloaded before the request started: load it again")
         if caches is None and self._reuses_prefix(live):
             # The last prompt token is always computed: its logits give the first new token.
             hit, cached, kind = self.prefix.lookup(prompt[:-1])
@@ -134,6 +144,7 @@ class BatchRunner:
             source=live.extra.get("source"),
             label=live.extra.get("label"),
             images=len(live.images),
+            adapter=live.extra.get("adapter"),
         )
 
     @staticmethod

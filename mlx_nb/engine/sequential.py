@@ -97,6 +97,12 @@ class SequentialGenerator:
                 return [], []
             self.current = self.queue.popleft()
         job = self.current
+        from mlx_nb.models.lora import adapter_rows
+
+        with adapter_rows(self.model, [job.uid]):
+            return self._advance(job)
+
+    def _advance(self, job: Job) -> tuple[list, list]:
         try:
             if job.cache is None and self.loaded.kind == "vision":
                 return self._start_vision(job)

@@ -37,6 +37,7 @@ class SubmitRequest:
     suffix: Optional[str] = None
     request_id: Optional[str] = None
     source: Optional[str] = None
+    adapter: Optional[str] = None  # a LoRA adapter loaded on the engine (Engine.load_adapter), for this row
 
     @classmethod
     def of(cls, **given: Any) -> "SubmitRequest":

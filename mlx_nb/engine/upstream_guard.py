@@ -1,7 +1,7 @@
 """The private parts of mlx_lm the engine builds on, named in one table and checked.
 
 `decode.py` subclasses mlx_lm's batch classes and overrides private methods (`GenerationBatch._step`,
-`PromptProcessingBatch.split` / `generate`, `BatchGenerator._make_batch`) and reads private
+`PromptProcessingBatch.split` / `generate` / `prompt`, `BatchGenerator._make_batch`) and reads private
 attributes of theirs. pyproject.toml pins mlx-lm exactly; this table is what an upgrade must keep.
 `check()` compares each entry with what is installed and returns the differences, one line each;
 the engine calls it before it builds a batch (`require()`), so a changed mlx_lm fails at once with
@@ -39,7 +39,8 @@ PRIVATE_API = (
             "PromptBatch hands the cache over instead of copying it"),
     Private("mlx_lm.generate:PromptProcessingBatch.generate", ("self", "tokens"),
             "PromptBatch starts finished prompts as a DecodeBatch"),
-    Private("mlx_lm.generate:PromptProcessingBatch.prompt", ("self", "tokens"), "PromptBatch.generate reads prompts"),
+    Private("mlx_lm.generate:PromptProcessingBatch.prompt", ("self", "tokens"),
+            "PromptBatch.generate reads prompts; PromptBatch.prompt gives each row its LoRA adapter"),
     Private("mlx_lm.generate:PromptProcessingBatch.empty", ("model", "fallback_sampler", "prefill_step_size"),
             "Generator's empty prompt batch"),
     Private("mlx_lm.generate:PromptProcessingBatch.filter", ("self", "keep"),
