@@ -66,6 +66,12 @@ class MLXExtension(ExtensionApp):
         "(a built-in name, a model directory, a .gguf file, a hub id; named by its folder or file stem), or a folder "
         "whose model directories and .gguf files are each served.",
     ).tag(config=True)
+    adapters = List(
+        Unicode(),
+        help="mlx_lm LoRA adapter folders requests may name as 'model@adapter' (or with an 'adapter' field): "
+        "'name=folder', a folder (named by itself), or a folder of them. An adapter folder listed in models counts "
+        "too. Each is read the first time a request names it; its rows decode in the model's shared batch.",
+    ).tag(config=True)
     memory_budget = Int(
         None, allow_none=True,
         help="Bytes the loaded models may hold together: weights plus each prefix cache's budget (None: three "
@@ -233,7 +239,7 @@ class MLXExtension(ExtensionApp):
     def _registry(self):
         """The models besides the default one that requests may name (engine/registry.py)."""
         from mlx_nb.engine.memory import default_prefix_budget
-        from mlx_nb.engine.registry import ModelRegistry, entries_from
+        from mlx_nb.engine.registry import ModelRegistry, adapters_from, entries_from
 
         def make_engine(source: str):
             from mlx_nb.engine import Engine
@@ -249,7 +255,8 @@ class MLXExtension(ExtensionApp):
             return default_prefix_budget() if self.prefix_cache_bytes is None else self.prefix_cache_bytes
 
         entries = {k: v for k, v in entries_from(list(self.models)).items() if k != self.model}
-        return ModelRegistry(entries, make_engine, self._memory_budget(), self.keep_alive_s, prefix_bytes)
+        return ModelRegistry(entries, make_engine, self._memory_budget(), self.keep_alive_s, prefix_bytes,
+                             adapters=adapters_from([*self.adapters, *self.models]))
 
     def _memory_budget(self) -> int:
         from mlx_nb.engine.memory import physical_memory
@@ -289,9 +296,11 @@ class MLXExtension(ExtensionApp):
         )
 
     def model_names(self) -> list[str]:
-        """The served model, then the aliases that name it, then the other registered models (what `models` lists)."""
+        """The served model, then the aliases that name it, then the other registered models, then the
+        default model with each registered adapter (what `models` lists)."""
         names = [self.model] + [a for a, t in self.server_defaults().aliases.items() if t == self.model]
-        return names + [n for n in self.registry.names() if n not in names]
+        names += [n for n in self.registry.names() if n not in names]
+        return names + [f"{self.model}@{a}" for a in self.registry.adapters]  # on any model above: name@adapter
 
     def engine_options(self) -> dict:
         """The Engine's keyword arguments, from this extension's config."""

@@ -43,10 +43,47 @@ from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, 
 from mlx_nb.api.tool_calls import DEFAULT_MARKERS
 from mlx_nb.engine.generic_tools import GENERIC
 from mlx_nb.engine.images import prefetch_remote_images
-from mlx_nb.engine.registry import keep_alive_seconds
+from mlx_nb.engine.registry import keep_alive_seconds, split_adapter
+from mlx_nb.models.adapters import AdapterError
 from mlx_nb.engine.submit_request import SubmitRequest
 
 SSE = "text/event-stream; charset=utf-8"
+
+
+class PicksModels:
+    """A handler that serves a model the request names: the default one, another registered
+    model (loaded on demand), and a registered LoRA adapter on it (`model@adapter`)."""
+
+    chosen = None  # the engine serving this request
+
+    async def engine_named(self, name: Optional[str]):
+        """The ready engine serving `name`: another registered model's (loaded now if it is not,
+        the request waiting for it), else the default one (the default's name, an alias, or a name
+        the route refuses)."""
+        if not self.ext.registered(name):
+            self.chosen = self.ready_engine()
+            return self.chosen
+        try:
+            keep = keep_alive_seconds(requested_field(self.request.body, "keep_alive"))
+        except ValueError as exc:
+            raise invalid_request(str(exc), "keep_alive") from None
+        # off the event loop: making room may close an idle model's engine (ModelUnavailable: a 503)
+        engine = await asyncio.to_thread(self.ext.registry.engine_for, name)
+        self.ext.registry.keep_alive(name, keep)
+        while not engine.ready and engine.load_error is None and not engine.closed:
+            await asyncio.sleep(0.05)  # loading: this request waits for it, the other models keep serving
+        self.chosen = self.ready_engine(engine, name)
+        return self.chosen
+
+    async def adapter_on(self, engine, adapter: str) -> dict:
+        """A registered adapter on `engine` (read from its folder the first time): 404 for a name
+        that is not registered, 400 for a folder that does not fit the model."""
+        if adapter not in self.ext.registry.adapters:
+            raise model_not_found(f"{engine.model_name}@{adapter}", self.ext.model_names())
+        try:
+            return await asyncio.to_thread(self.ext.registry.adapter_on, engine, adapter)
+        except AdapterError as exc:
+            raise invalid_request(str(exc), "model") from None
 
 
 class ModelsHandler(ProxyMixin, MLXHandler):
@@ -62,7 +99,9 @@ class ModelsHandler(ProxyMixin, MLXHandler):
         registry = {m["name"]: m for m in self.ext.registry.describe()}
         for card in body["data"]:
             named = registry.get(card["id"])
-            if named is None or named["pinned"]:  # the default model and its aliases
+            if "@" in card["id"]:  # the default model with a registered adapter
+                card.update(self._adapter_card(card["id"], engine))
+            elif named is None or named["pinned"]:  # the default model and its aliases
                 if engine is not None and engine.loaded is not None:  # what a request that sets nothing gets
                     card["sampling_defaults"] = engine.sampling_defaults()
                 card["state"] = registry.get(self.ext.model, {}).get("state", "loading")
@@ -70,8 +109,17 @@ class ModelsHandler(ProxyMixin, MLXHandler):
                 card.update({k: v for k, v in named.items() if k not in ("name", "pinned")})
         self.write_json(body)
 
+    def _adapter_card(self, name: str, engine) -> dict:
+        adapter = name.rpartition("@")[2]
+        loaded = {a["name"]: a for a in (engine.adapters() if engine is not None and engine.ready else [])}
+        card = {"kind": "adapter", "adapter": adapter, "adapter_path": self.ext.registry.adapters.get(adapter),
+                "state": "loaded" if adapter in loaded else "available"}
+        if adapter in loaded:
+            card.update({k: loaded[adapter][k] for k in ("rank", "scale", "bytes")})
+        return card
 
-class ModelHandler(ProxyMixin, MLXHandler):
+
+class ModelHandler(PicksModels, ProxyMixin, MLXHandler):
     @web.authenticated
     @authorized
     async def get(self, name: str):
@@ -81,7 +129,13 @@ class ModelHandler(ProxyMixin, MLXHandler):
     @web.authenticated
     @authorized
     async def post(self, name: str):
-        """Load a registered model now (before any request names it); its card with its state."""
+        """Load a registered model now (before any request names it); its card with its state.
+        `model@adapter` loads the model and then the adapter on it."""
+        base, adapter = split_adapter(name)
+        if adapter is not None:
+            engine = await self.engine_named(base)
+            described = await self.adapter_on(engine, adapter)
+            return self.write_json({**model_card(name), "kind": "adapter", "state": "loaded", **described})
         self._registered(name)
         await asyncio.to_thread(self.ext.registry.engine_for, name)  # ModelUnavailable: a 503
         self.write_json(self._card(name))
@@ -89,7 +143,16 @@ class ModelHandler(ProxyMixin, MLXHandler):
     @web.authenticated
     @authorized
     async def delete(self, name: str):
-        """Unload a registered model now (its running requests end as aborted); the default model is pinned."""
+        """Unload a registered model now (its running requests end as aborted); the default model is
+        pinned. `model@adapter` takes the adapter off the model (refused while a request uses it)."""
+        base, adapter = split_adapter(name)
+        if adapter is not None:
+            engine = await self.engine_named(base)
+            loaded = {a["name"] for a in engine.adapters()}
+            if adapter in loaded:
+                await asyncio.to_thread(engine.unload_adapter, adapter)
+            return self.write_json({**model_card(name), "kind": "adapter", "state": "available",
+                                    "unloaded_now": adapter in loaded})
         self._registered(name)
         unloaded = await asyncio.to_thread(self.ext.registry.unload, name)
         self.write_json({**self._card(name), "unloaded_now": unloaded})
@@ -108,13 +171,13 @@ class ModelHandler(ProxyMixin, MLXHandler):
         return {**model_card(name), **{k: v for k, v in described.items() if k not in ("name", "pinned")}}
 
 
-class GenerateHandler(ProxyMixin, MLXHandler):
+class GenerateHandler(PicksModels, ProxyMixin, MLXHandler):
     """Runs `route` for the local engine or the remote backend; aborts its requests if the client leaves."""
 
     route: Route
     handles: list = []
     gone = False
-    chosen = None  # the engine serving this request (serving() picks it from the body's model)
+    adapter = None  # the registered LoRA adapter the request names (serving() reads it from the body)
 
     @property
     def anthropic(self) -> bool:
@@ -148,29 +211,25 @@ class GenerateHandler(ProxyMixin, MLXHandler):
     async def requested_engine(self):
         """(engine, the name it serves under) for the model the body names: another registered model's
         engine (loaded now if it is not, the request waiting for it), else the default one."""
-        self.chosen = None
-        name = requested_model(self.request.body) if self.ext.registry.entries else None
-        if not self.ext.registered(name):  # the default model, an alias, or a name the route refuses
-            self.chosen = self.ready_engine()
-            return self.chosen, self.chosen.model_name
-        try:
-            keep = keep_alive_seconds(requested_field(self.request.body, "keep_alive"))
-        except ValueError as exc:
-            raise invalid_request(str(exc), "keep_alive") from None
-        # off the event loop: making room may close an idle model's engine (ModelUnavailable: a 503)
-        engine = await asyncio.to_thread(self.ext.registry.engine_for, name)
-        self.ext.registry.keep_alive(name, keep)
-        while not engine.ready and engine.load_error is None and not engine.closed:
-            await asyncio.sleep(0.05)  # loading: this request waits for it, the other models keep serving
-        self.chosen = self.ready_engine(engine, name)
-        return engine, name
+        self.chosen = self.adapter = None
+        asked = requested_model(self.request.body)
+        name, self.adapter = split_adapter(asked, requested_field(self.request.body, "adapter"))
+        if self.adapter is not None and name and name not in self.ext.model_names():
+            raise model_not_found(asked, self.ext.model_names())
+        engine = await self.engine_named(name)
+        if self.adapter is not None:  # its rows decode with the adapter, in the model's batch
+            await self.adapter_on(engine, self.adapter)
+            return engine, asked if asked and "@" in asked else (name or engine.model_name)
+        return engine, name if self.ext.registered(name) else engine.model_name
+
 
     async def submit(self, requests: list[dict]) -> list:
         """Queue every choice (off the event loop: submit templates and tokenizes); the engine admits
         a route's n choices at one step. The route's keywords become the engine's typed request
         here, named for who sent them."""
         source = self.source()
-        typed = [SubmitRequest.of(**kw, source=source) for kw in requests]
+        adapter = {"adapter": self.adapter} if getattr(self, "adapter", None) else {}
+        typed = [SubmitRequest.of(**kw, source=source, **adapter) for kw in requests]
         if self.ext.remote is not None:
             handles = [await self.ext.remote.submit(req) for req in typed]
         else:

@@ -52,7 +52,7 @@ def close_engines() -> None:
         eng.close()
 
 
-def _engine_request(messages: list, params: dict):
+def _engine_request(messages: list, params: dict, adapter: Optional[str] = None):
     """The Client's parameters as the engine's request: an OpenAI `response_format` becomes its
     `Constraint` here, as a route reads it (mlx_nb.api.constraint_fields)."""
     from mlx_nb.api.constraint_fields import constraint_of
@@ -60,7 +60,17 @@ def _engine_request(messages: list, params: dict):
 
     given = dict(params)
     constraint = constraint_of(response_format=given.pop("response_format", None))
-    return SubmitRequest.of(messages=messages, constraint=constraint, **given)
+    return SubmitRequest.of(messages=messages, constraint=constraint, adapter=adapter, **given)
+
+
+def adapter_name(spec: str) -> str:
+    """What an embedded engine calls the adapter `base@spec` names: a folder's own name, else `spec`."""
+    from pathlib import Path
+
+    from mlx_nb.models.adapters import is_adapter_dir
+
+    path = Path(spec).expanduser()
+    return path.name if is_adapter_dir(path) else spec
 
 
 class _Embedded:
@@ -77,18 +87,43 @@ class _Embedded:
         return self.fixed.model_name if self.fixed is not None else DEFAULT_MODEL
 
     def engine(self, model: Optional[str]):
+        """The engine of `model` (of its base model for `model@adapter`: an adapter rides in its batch)."""
+        from mlx_nb.engine.registry import split_adapter
+
+        model = split_adapter(model)[0]
         if self.fixed is None:
             return shared_engine(model or self.default_model())
         if model not in (None, self.fixed.model_name):
             raise ClientError(f"this client is bound to an Engine serving {self.fixed.model_name}, not {model}")
         return self.fixed
 
+    def adapter(self, eng, model: Optional[str]) -> Optional[str]:
+        """The LoRA adapter `model` names, `base@folder` (read into the ready `eng` the first time,
+        named by the folder) or `base@name` (one already loaded on it); None without one."""
+        from pathlib import Path
+
+        from mlx_nb.engine.registry import split_adapter
+        from mlx_nb.models.adapters import is_adapter_dir
+
+        spec = split_adapter(model)[1]
+        if spec is None:
+            return None
+        path = Path(spec).expanduser()
+        name = adapter_name(spec)
+        with _ENGINES_LOCK:  # two chats naming it at once read it once
+            if name not in {a["name"] for a in eng.adapters()}:
+                if not is_adapter_dir(path):
+                    raise ClientError(f"{spec} is neither an adapter loaded on {eng.model_name} nor an mlx_lm adapter "
+                                      "folder (adapter_config.json + adapters.safetensors): name its folder")
+                eng.load_adapter(name, str(path))
+        return name
+
     def open(self, st: ChatStream, messages: list, params: dict, wait: LoadWait):
         eng = self.engine(st.model)
         if not eng.ready:
             wait_embedded(eng, wait)
             st._restart_clock()
-        handle = eng.submit_request(_engine_request(messages, params))
+        handle = eng.submit_request(_engine_request(messages, params, self.adapter(eng, st.model)))
         st._opened(handle.id, handle.abort, drains=True)
         return ((d.text, d.finish_reason, _usage(d.usage), d.error, d.reasoning) for d in handle)
 
@@ -99,7 +134,8 @@ class _Embedded:
             await asyncio.to_thread(wait_embedded, eng, wait)
             st._restart_clock()
         # submit templates, tokenizes and decodes images: off the event loop
-        handle = await asyncio.to_thread(eng.submit_request, _engine_request(messages, params))
+        adapter = await asyncio.to_thread(self.adapter, eng, st.model)
+        handle = await asyncio.to_thread(eng.submit_request, _engine_request(messages, params, adapter))
         st._opened(handle.id, handle.abort, drains=True)
         async for d in handle:
             yield d.text, d.finish_reason, _usage(d.usage), d.error, d.reasoning

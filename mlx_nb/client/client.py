@@ -103,6 +103,12 @@ class Client:
         engine of this process. What the backend says it did."""
         if not self.embedded:
             return self._backend.send("DELETE", f"models/{model}", timeout=60.0)
+        if "@" in model:  # an adapter: taken off its model's engine
+            engine, name = self._backend.engine(model), backends.adapter_name(model.rpartition("@")[2])
+            loaded = engine.ready and name in {a["name"] for a in engine.adapters()}
+            if loaded:
+                engine.unload_adapter(name)
+            return {"id": model, "unloaded_now": loaded, "state": "available"}
         engine = backends._ENGINES.pop(model, None)
         if engine is not None:
             engine.close()
@@ -113,7 +119,9 @@ class Client:
         """Block until the model has loaded, calling `progress(status)` meanwhile; a failed load raises."""
         wait = LoadWait(progress, self.load_timeout if timeout is None else timeout)
         if self.embedded:
-            wait_embedded(self._backend.engine(self.model_name(model)), wait)
+            engine = self._backend.engine(self.model_name(model))
+            wait_embedded(engine, wait)
+            self._backend.adapter(engine, self.model_name(model))  # `base@folder`: read it now
             return self
         while True:
             status = self.status()

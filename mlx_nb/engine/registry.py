@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from mlx_nb.formatting import human_bytes
+from mlx_nb.models.adapters import is_adapter_dir
 
 SCAN_SUFFIXES = (".gguf",)
 
@@ -53,11 +54,14 @@ class Entry:
 
 def entries_from(specs: list[str]) -> dict[str, str]:
     """`name=source`, a source (named by its folder or file stem), or a folder of models to scan
-    (each model directory in it, each .gguf file) -> {name: source}."""
+    (each model directory in it, each .gguf file) -> {name: source}. LoRA adapter folders are not
+    models: `adapters_from` reads them from the same specs."""
     out: dict[str, str] = {}
     for spec in specs:
         name, _, source = spec.partition("=") if "=" in spec else ("", "", spec)
         path = Path(source).expanduser()
+        if is_adapter_dir(path):
+            continue
         if not name and path.is_dir() and not (path / "config.json").is_file():
             for child in sorted(path.iterdir()):
                 if (child / "config.json").is_file() or child.suffix.lower() in SCAN_SUFFIXES:
@@ -67,6 +71,30 @@ def entries_from(specs: list[str]) -> dict[str, str]:
             name = path.stem if path.suffix.lower() in SCAN_SUFFIXES else (path.name if path.exists() else source)
         out[name.strip()] = source.strip()
     return out
+
+
+def adapters_from(specs: list[str]) -> dict[str, str]:
+    """The mlx_lm LoRA adapter folders among `specs` (`name=folder`, a folder named by itself, or
+    a folder holding adapter folders) -> {name: folder}. Requests name one as `model@adapter`."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, _, source = spec.partition("=") if "=" in spec else ("", "", spec)
+        path = Path(source).expanduser()
+        if is_adapter_dir(path):
+            out[(name or path.name).strip()] = str(path)
+        elif not name and path.is_dir():
+            for child in sorted(path.iterdir()):
+                if is_adapter_dir(child):
+                    out.setdefault(child.name, str(child))
+    return out
+
+
+def split_adapter(name: Optional[str], field: Any = None) -> tuple[Optional[str], Optional[str]]:
+    """A request's (model, adapter): `model@adapter` in its model name, or its `adapter` field."""
+    adapter = field if isinstance(field, str) and field else None
+    if name and "@" in name:
+        name, _, adapter = name.rpartition("@")
+    return name or None, adapter
 
 
 def keep_alive_seconds(value: Any) -> Optional[float]:
@@ -114,8 +142,11 @@ class ModelRegistry:
     """The models one server may serve and the engines of those loaded; thread-safe."""
 
     def __init__(self, entries: dict[str, str], make_engine: Callable[[str], Any], budget_bytes: int,
-                 keep_alive_s: float, prefix_bytes: Callable[[Any], int], clock: Callable[[], float] = time.monotonic):
+                 keep_alive_s: float, prefix_bytes: Callable[[Any], int], clock: Callable[[], float] = time.monotonic,
+                 adapters: Optional[dict[str, str]] = None):
         self.entries = {name: Entry(name, source, estimate=estimate_bytes(source)) for name, source in entries.items()}
+        self.adapters = dict(adapters or {})  # name -> folder: LoRA adapters a request may name (model@adapter)
+        self.adapter_lock = threading.Lock()
         self.make_engine = make_engine
         self.budget_bytes = int(budget_bytes)
         self.keep_alive_s = keep_alive_s
@@ -141,7 +172,7 @@ class ModelRegistry:
         """What a model counts against the budget: its weights (measured once loaded) and its prefix cache's budget."""
         e = entry.engine
         if e is not None and e.loaded is not None:
-            return e.weights_bytes + self.prefix_bytes(e)
+            return e.weights_bytes + e.adapter_bytes + self.prefix_bytes(e)
         return int((entry.estimate or 0) * 1.05) + self.prefix_bytes(e)
 
     def used_bytes(self) -> int:
@@ -232,6 +263,15 @@ class ModelRegistry:
             entry.unloaded += 1
         engine.close()
         return True
+
+    # -- adapters ------------------------------------------------------------------------------
+    def adapter_on(self, engine, name: str) -> dict:
+        """Registered adapter `name` on `engine`, read from its folder the first time that engine
+        needs it (again after the model was unloaded and loaded). KeyError if not registered."""
+        path = self.adapters[name]
+        with self.adapter_lock:  # two requests naming it at once read it once
+            have = {a["name"]: a for a in engine.adapters()}
+            return have[name] if name in have else engine.load_adapter(name, path)
 
     def close(self) -> None:
         with self.lock:

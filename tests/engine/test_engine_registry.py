@@ -18,11 +18,11 @@ class Clock:
 
 
 class StandIn:
-    """What the registry reads of an Engine: readiness, idleness, weights, closing."""
+    """What the registry reads of an Engine: readiness, idleness, weights and adapters, closing."""
 
     def __init__(self, source: str):
         self.model_name, self.load_error, self.ready, self.closed, self.idle = source, None, True, False, True
-        self.loaded, self.weights_bytes = object(), 10 * MB
+        self.loaded, self.weights_bytes, self.adapter_bytes = object(), 10 * MB, 0
 
     def close(self):
         self.closed = True

@@ -311,6 +311,41 @@ def test_unload_frees_an_embedded_engine(ip, magics):
     assert engine.closed and "tiny-gemma3" not in backends._ENGINES and "tiny-llama" in backends._ENGINES
 
 
+def test_an_adapter_folder_is_loaded_chatted_with_and_unloaded(ip, magics, tmp_path):
+    """`%mlx load MODEL@FOLDER` reads an mlx_lm adapter into the notebook's engine; chats then
+    decode with it (as a separate Engine with that adapter alone answers); `%mlx unload` takes it off."""
+    import sys
+    from pathlib import Path
+
+    from mlx_nb import Engine
+    from mlx_nb.client import backends
+    from mlx_nb.models.sources import resolve
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from lora_fixture import make_adapter
+
+    folder = make_adapter(resolve("tiny-llama"), tmp_path / "terse", seed=4)
+    text = "tell me about basalt"
+    with Engine("tiny-llama", prefix_cache=False, wait=True) as alone:
+        alone.load_adapter("terse", str(folder))
+        want = alone.submit(messages=[{"role": "user", "content": text}], max_tokens=12, adapter="terse").result(60)
+        plain = alone.submit(messages=[{"role": "user", "content": text}], max_tokens=12).result(60)
+    assert want.text != plain.text
+    try:
+        _, cap = run(ip, f"%mlx load tiny-llama@{folder}")
+        assert cap.stdout.strip().endswith("ready (text, context 4096 tokens)"), cap.stdout
+        assert [a["name"] for a in backends._ENGINES["tiny-llama"].adapters()] == ["terse"]
+        assert magics.client.chat(text, max_tokens=12).text == want.text
+        assert magics.client.chat(text, max_tokens=12, model="tiny-llama").text == plain.text  # the same batch, no adapter
+        answer, _ = run(ip, f"%%mlx chat -n 12\n{text}")
+        assert answer.reply.text == want.text
+    finally:
+        _, cap = run(ip, f"%mlx unload tiny-llama@{folder}")
+        run(ip, "%mlx load tiny-llama")
+    assert cap.stdout.strip() == f"mlx: tiny-llama@{folder} unloaded"
+    assert backends._ENGINES["tiny-llama"].adapters() == []
+
+
 def test_cache_of_a_live_request(ip, magics):
     st = magics.client.stream("go on", max_tokens=3000)
     next(st)

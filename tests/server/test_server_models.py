@@ -1,5 +1,6 @@
 """Several models on one server (engine/registry.py), through the unmodified openai SDK: requests
-naming registered models load them on demand and each reply equals that model alone; the budget
+naming registered models (and LoRA adapters, `model@adapter`) load them on demand and each reply
+equals that model (with that adapter) alone; the budget
 unloads the least recently used idle model to make room and refuses a model that cannot fit with
 a 503 that says why; an idle model is unloaded after its keep-alive; `models.list()` shows the
 registry with each model's state."""
@@ -37,10 +38,26 @@ def ask(server, model: str, text: str, **extra) -> str:
     return r.choices[0].message.content
 
 
-def alone(model: str, texts: list[str]) -> list[str]:
-    with Engine(model, prefix_cache=False, wait=True) as engine:
-        return [engine.submit(messages=[{"role": "user", "content": t}], max_tokens=MAX).result(timeout=120).text
-                for t in texts]
+def alone(model: str, texts: list[str], adapters: dict = {}) -> list[str]:  # noqa: B006 - read only
+    """`model`'s replies one at a time (`base@adapter`: with that adapter loaded on it)."""
+    base, _, adapter = model.partition("@")
+    with Engine(base, prefix_cache=False, wait=True) as engine:
+        if adapter:
+            engine.load_adapter(adapter, str(adapters[adapter]))
+        return [engine.submit(messages=[{"role": "user", "content": t}], max_tokens=MAX,
+                              adapter=adapter or None).result(timeout=120).text for t in texts]
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory) -> dict:
+    """Three LoRA adapters of the default model, as mlx_lm.lora writes them (tests/lora_fixture.py)."""
+    from lora_fixture import make_adapter
+    from mlx_nb.models.sources import resolve
+
+    root, path = tmp_path_factory.mktemp("adapters"), resolve(DEFAULT)
+    specs = {"terse": dict(rank=2, keys=["self_attn.q_proj", "self_attn.v_proj"]), "wordy": dict(rank=4),
+             "late": dict(rank=8, num_layers=1)}
+    return {name: make_adapter(path, root / name, seed=i + 1, **spec) for i, (name, spec) in enumerate(specs.items())}
 
 
 def registered(models: list[str]) -> list[str]:
@@ -52,26 +69,43 @@ def options(*extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("seed", [3, 4])
-def test_concurrent_chats_naming_three_models_each_answer_as_that_model_alone(tmp_path_factory, seed):
+def test_concurrent_chats_naming_three_models_and_three_adapters_each_answer_as_alone(tmp_path_factory, adapters,
+                                                                                       seed):
     rng = random.Random(seed)
-    asks = [(rng.choice([DEFAULT, *OTHERS]), f"note {rng.randint(0, 10**6)}: " +
+    named = [DEFAULT, *OTHERS, *(f"{DEFAULT}@{a}" for a in adapters)]
+    asks = [(rng.choice(named), f"note {rng.randint(0, 10**6)}: " +
              " ".join(rng.choice("amber basalt cobalt dune ember fjord".split()) for _ in range(rng.randint(2, 9))))
             for _ in range(24)]
-    want = {m: dict(zip([t for n, t in asks if n == m], alone(m, [t for n, t in asks if n == m])))
+    want = {m: dict(zip([t for n, t in asks if n == m], alone(m, [t for n, t in asks if n == m], adapters)))
             for m in {n for n, _ in asks}}
-    with serving(tmp_path_factory.mktemp("models"), DEFAULT, *options()) as server:
+    flags = [f"--MLXExtension.adapters={name}={folder}" for name, folder in adapters.items()]
+    with serving(tmp_path_factory.mktemp("models"), DEFAULT, *options(*flags)) as server:
         listed = states(server)
-        assert listed == {DEFAULT: "loaded", **{m: "available" for m in OTHERS}}, listed
+        assert listed == {DEFAULT: "loaded", **{m: "available" for m in named[1:]}}, listed
         with ThreadPoolExecutor(24) as pool:
             got = list(pool.map(lambda a: ask(server, *a), asks))
         for (model, text), reply in zip(asks, got):
-            assert reply == want[model][text], f"{model} answered differently beside the other models"
+            assert reply == want[model][text], f"{model} answered differently beside the other models and adapters"
+        used = {n.partition("@")[2] for n, _ in asks if "@" in n}
+        assert {a["name"] for a in server.get("status")["adapters"]} == used  # read the first time a request named it
+        assert {m: s for m, s in states(server).items() if "@" in m} == {
+            f"{DEFAULT}@{a}": "loaded" if a in used else "available" for a in adapters}
+        # the adapter as a field of its own; an unregistered adapter or base model: a 404 naming what is served
+        assert ask(server, DEFAULT, "field or name", adapter="terse") == ask(server, f"{DEFAULT}@terse", "field or name")
+        for wrong in (f"{DEFAULT}@nothing", "nothing@terse"):
+            with pytest.raises(openai.NotFoundError, match=f"{DEFAULT}@terse"):
+                ask(server, wrong, "hello")
+        client = Client(server.url, server.key)  # loaded and unloaded at runtime through the model routes
+        client.load(f"{DEFAULT}@late")
+        assert states(server)[f"{DEFAULT}@late"] == "loaded" and client.model == f"{DEFAULT}@late"
+        assert client.chat("hi", max_tokens=MAX).model == f"{DEFAULT}@late"  # the client's chats name it
+        assert client.unload(f"{DEFAULT}@late")["unloaded_now"] and states(server)[f"{DEFAULT}@late"] == "available"
         status = server.get("status")
         registry = status["registry"]
         assert registry["used_bytes"] <= registry["budget_bytes"]
         assert status["memory"]["peak_bytes"] <= registry["budget_bytes"]  # MLX's peak, every model's arrays
         loaded = {m["name"] for m in registry["models"] if m["state"] == "loaded"}
-        assert loaded == {n for n, _ in asks}
+        assert loaded == {n.partition("@")[0] for n, _ in asks}
         from prometheus_client.parser import text_string_to_metric_families
 
         scraped = {f.name: f for f in text_string_to_metric_families(server.http.get(f"{server.url}/metrics").text)}
