@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from jupyter_core.application import base_aliases
 from jupyter_server.extension.application import ExtensionApp
@@ -262,6 +262,12 @@ class MLXExtension(ExtensionApp):
         from mlx_nb.engine.memory import physical_memory
 
         return self.memory_budget if self.memory_budget is not None else physical_memory() * 3 // 4
+
+    def loaded_engines(self) -> list[tuple[str, Any]]:
+        """(name, engine) of every loaded model, the default one first."""
+        with self.registry.lock:
+            return [(e.name, e.engine) for e in self.registry.entries.values()
+                    if e.engine is not None and e.engine.ready]
 
     def registered(self, name: Optional[str]) -> bool:
         """Whether `name` is one of the other registered models (not the default one, not an alias)."""

@@ -6,7 +6,8 @@ SSE stream that opens at admission: headers and the opening event (role chunk, m
 with the prompt's token count, response.created) leave as soon as the engine has taken the
 request, then a keep-alive comment every `stream_keepalive_s` while no delta comes (a long
 prompt being read), one event per delta, `await self.flush()` after each. A client that goes away
-aborts its requests, which frees their batch slots at the engine's next step.
+aborts its requests, which frees their batch slots at the engine's next step. A stream that names
+a model still loading opens at once and carries the load's progress as comments meanwhile.
 
 A budget the engine had to clamp (or the server's cap) is reported, not refused: header
 `X-MLX-Max-Tokens-Clamped: <requested>` and, in a whole body, `usage.max_tokens_clamped`
@@ -25,7 +26,7 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from jupyter_ext.base import MLXHandler
+from jupyter_ext.base import MLXHandler, as_api_error
 from jupyter_ext.proxy import ProxyMixin
 from mlx_nb.api import (
     APIError,
@@ -37,6 +38,7 @@ from mlx_nb.api import (
     not_found,
     parse_count_tokens_request,
     sse_comment,
+    sse_event,
 )
 from mlx_nb.api.forced_tools import enforced
 from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, Route, Serving
@@ -45,6 +47,7 @@ from mlx_nb.engine.generic_tools import GENERIC
 from mlx_nb.engine.images import prefetch_remote_images
 from mlx_nb.engine.registry import keep_alive_seconds, split_adapter
 from mlx_nb.models.adapters import AdapterError
+from mlx_nb.models.progress import describe
 from mlx_nb.engine.submit_request import SubmitRequest
 
 SSE = "text/event-stream; charset=utf-8"
@@ -70,10 +73,13 @@ class PicksModels:
         # off the event loop: making room may close an idle model's engine (ModelUnavailable: a 503)
         engine = await asyncio.to_thread(self.ext.registry.engine_for, name)
         self.ext.registry.keep_alive(name, keep)
-        while not engine.ready and engine.load_error is None and not engine.closed:
-            await asyncio.sleep(0.05)  # loading: this request waits for it, the other models keep serving
+        await self.wait_loading(engine, name)  # this request waits for it, the other models keep serving
         self.chosen = self.ready_engine(engine, name)
         return self.chosen
+
+    async def wait_loading(self, engine, name: str) -> None:
+        while not engine.ready and engine.load_error is None and not engine.closed:
+            await asyncio.sleep(0.05)
 
     async def adapter_on(self, engine, adapter: str) -> dict:
         """A registered adapter on `engine` (read from its folder the first time): 404 for a name
@@ -178,6 +184,7 @@ class GenerateHandler(PicksModels, ProxyMixin, MLXHandler):
     handles: list = []
     gone = False
     adapter = None  # the registered LoRA adapter the request names (serving() reads it from the body)
+    opened = False  # the SSE stream opened while the model loaded (wait_loading)
 
     @property
     def anthropic(self) -> bool:
@@ -223,6 +230,27 @@ class GenerateHandler(PicksModels, ProxyMixin, MLXHandler):
         return engine, name if self.ext.registered(name) else engine.model_name
 
 
+    async def wait_loading(self, engine, name: str) -> None:
+        """A streamed request waiting for its model to load gets its stream at once, with the load's
+        progress as SSE comments (a phase change at once, else every `stream_keepalive_s`): a
+        client's read timeout does not fire during a long load, and a reader sees what it waits
+        for. A mistake found after the stream opened comes as the stream's error event."""
+        if requested_field(self.request.body, "stream") is not True:
+            return await super().wait_loading(engine, name)
+        said, beat = None, 0.0
+        while not engine.ready and engine.load_error is None and not engine.closed:
+            line = describe({"model": name, "load": engine.load_progress.to_dict()})
+            phase = engine.load_progress.phase
+            if not self.opened:
+                self.opened = True
+                self.set_header("Content-Type", SSE)
+                self.set_header("Cache-Control", "no-cache")
+                self.set_header("X-Accel-Buffering", "no")
+            if phase != said or time.monotonic() >= beat:
+                said, beat = phase, time.monotonic() + self.ext.stream_keepalive_s
+                await self.send(sse_comment(line))
+            await asyncio.sleep(0.05)
+
     async def submit(self, requests: list[dict]) -> list:
         """Queue every choice (off the event loop: submit templates and tokenizes); the engine admits
         a route's n choices at one step. The route's keywords become the engine's typed request
@@ -250,6 +278,18 @@ class GenerateHandler(PicksModels, ProxyMixin, MLXHandler):
     async def post(self):
         if self.ext.remote is not None and self.route.passthrough:
             return await self.proxy_post(self.route.passthrough)
+        try:
+            await self.answer()
+        except Exception as exc:
+            if not self.opened or self._finished:
+                raise
+            # the stream opened while the model loaded: the status line is sent, the error is an event
+            self.log_exception(type(exc), exc, exc.__traceback__)
+            error = as_api_error(500, exc, "", getattr(self, "wire_fields", None))
+            body = error.to_anthropic_dict() if self.anthropic else error.to_dict()
+            self.finish(sse_event(body, "error" if self.anthropic else None))
+
+    async def answer(self) -> None:
         serving = await self.serving()
         if serving.tool_format:
             self.set_header("X-MLX-Tool-Format", serving.tool_format)
@@ -281,9 +321,10 @@ class GenerateHandler(PicksModels, ProxyMixin, MLXHandler):
         return {"requested": requested, "granted": granted}
 
     async def stream(self, stream, handles: list) -> None:
-        self.set_header("Content-Type", SSE)
-        self.set_header("Cache-Control", "no-cache")
-        self.set_header("X-Accel-Buffering", "no")  # nginx and friends: do not buffer the stream
+        if not self.opened:
+            self.set_header("Content-Type", SSE)
+            self.set_header("Cache-Control", "no-cache")
+            self.set_header("X-Accel-Buffering", "no")  # nginx and friends: do not buffer the stream
         deltas: asyncio.Queue = asyncio.Queue()
 
         async def pump(index: int, handle) -> None:

@@ -83,8 +83,8 @@ class CacheHandler(ProxyMixin, MLXHandler):
 
 
 class EventsHandler(ProxyMixin, MLXHandler):
-    """BatchEvents after `?since=N` (or `Last-Event-ID`): a live SSE stream, or with `?stream=0`
-    the recorded ones as a JSON list. Each SSE event carries `id: <seq>` so a reconnecting
+    """BatchEvents after `?since=N` (or `Last-Event-ID`) of the default model's batch (`?model=NAME`:
+    another loaded model's): a live SSE stream, or with `?stream=0` the recorded ones as a JSON list. Each SSE event carries `id: <seq>` so a reconnecting
     EventSource resumes where it stopped."""
 
     queue = None
@@ -96,11 +96,21 @@ class EventsHandler(ProxyMixin, MLXHandler):
         if self.ext.remote is not None:
             params = {"since": since, "stream": self.get_argument("stream", "1")}
             return await self.proxy_get("events", params, "batch events")
-        engine = self.engine()
+        engine = self._model_engine()
         if self.get_argument("stream", "1").lower() in ("0", "false", "no"):
             self.write_json(engine.events(since))
             return
         await self._stream(engine, since)
+
+    def _model_engine(self):
+        """The engine of `?model=NAME` (a loaded model: each has its own batch), else the default one."""
+        name = self.get_argument("model", None)
+        if name is None:
+            return self.engine()
+        loaded = dict(self.ext.loaded_engines())
+        if name not in loaded:
+            raise not_found(f"model {name} is not loaded here (loaded: {', '.join(loaded) or 'none'})")
+        return loaded[name]
 
     def _since(self) -> int:
         raw = self.get_argument("since", None) or self.request.headers.get("Last-Event-ID") or "0"
@@ -174,21 +184,24 @@ class EventsHandler(ProxyMixin, MLXHandler):
 
 class BatchPictureHandler(MLXHandler):
     """`batch.svg`: the batch timeline the BatchVisualizer widget draws, from the same events (the
-    engine's recent ones), for the Lab's sidebar. `?lanes=N` keeps the last N requests (default 12);
+    engine's recent ones), for the Lab's sidebar; with several models loaded, one timeline per model
+    (each has its own batch), the default model's first. `?lanes=N` keeps the last N requests (default 12);
     `?width=PX` draws it for that width (default 760; narrow widths put names above the lanes)."""
 
     @web.authenticated
     @authorized
     async def get(self):
-        from mlx_nb.pictures.batch import build_batch_svg
+        from mlx_nb.pictures.batch import build_models_batch_svg
 
         lanes = whole_argument(self, "lanes", "12", 1, 200)
         width = picture_width_argument(self)
         if self.ext.remote is not None:
             raise not_found("this server relays a backend: its batch is the backend's")
-        events = self.engine().events(0)
+        self.engine()  # the default model's engine, started on first use
+        by_model = {name: engine.events(0) for name, engine in self.ext.loaded_engines()}
         self.set_header("Cache-Control", "no-store")
-        self.finish(build_batch_svg(events, max_lanes=lanes, width=width), set_content_type="image/svg+xml; charset=utf-8")
+        self.finish(build_models_batch_svg(by_model, max_lanes=lanes, width=width),
+                    set_content_type="image/svg+xml; charset=utf-8")
 
 
 def whole_argument(handler, name: str, default: str, low: int, high: int) -> int:

@@ -5,7 +5,9 @@ by its prompt's first words and who sent it (a notebook, a route client); hoveri
 id, the prompt, the wait, the decode time and the tokens. It shows waiting (insert -> join) and
 decoding (join -> leave); marks show insert, join (the request's cache was extended into the
 running batch) and leave (filtered out, coloured by why). Under the lanes, the batch size over
-time. Text and lines are drawn in `currentColor` (see `theme`), so dark themes read too.
+time. Text and lines are drawn in `currentColor` (see `theme`), so dark themes read too. A lane of
+a request with a LoRA adapter says which. A server with several models loaded has one batch per
+model: `build_models_batch_svg` draws their timelines one under the other, each titled with its model.
 
 The picture is drawn for a given width: from 600 px up, names sit in a column left of the lanes;
 narrower (a 320-px sidebar), each name sits above its lane's bars and the legend wraps, so text
@@ -69,7 +71,7 @@ def lanes_from_events(events: list[dict]) -> tuple[list[dict], list[tuple[float,
     def lane(rid: str, t: float) -> dict:
         if rid not in lanes:  # first seen mid-flight (the log started after its insert)
             lanes[rid] = {"id": rid, "insert": None, "join": None, "leave": None, "reason": None, "first": t,
-                          "source": None, "label": None, "prompt_tokens": None, "tokens": 0}
+                          "source": None, "label": None, "prompt_tokens": None, "tokens": 0, "adapter": None}
         return lanes[rid]
 
     for ev in sorted(events, key=lambda e: e.get("seq", 0)):
@@ -78,7 +80,7 @@ def lanes_from_events(events: list[dict]) -> tuple[list[dict], list[tuple[float,
             ln = lane(rid, t)
             if kind == "insert":
                 ln.update(insert=t, source=detail.get("source"), label=detail.get("label"),
-                          prompt_tokens=detail.get("prompt_tokens"))
+                          prompt_tokens=detail.get("prompt_tokens"), adapter=detail.get("adapter"))
             elif kind == "extend":
                 ln["join"] = t
             elif kind in ("filter", "error"):
@@ -111,6 +113,8 @@ def lane_title(ln: dict, now: float) -> str:
     lines = [ln["id"]]
     if ln["source"]:
         lines.append(f"from {ln['source']}")
+    if ln.get("adapter"):
+        lines.append(f"with the LoRA adapter {ln['adapter']}")
     if ln["label"]:
         lines.append(f"prompt: {ln['label']}" + (f" ({ln['prompt_tokens']} tokens)" if ln["prompt_tokens"] else ""))
     start = ln["insert"] if ln["insert"] is not None else ln["first"]
@@ -138,6 +142,27 @@ def _legend(y: float, layout: Layout) -> tuple[str, float]:
 
 def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str] = None, width: int = WIDTH) -> str:
     """The whole timeline as one `<svg>` string, `width` px wide (see `theme.picture_width`)."""
+    body, height = _timeline(events, max_lanes, title, width)
+    return svg_open("mlx-batch", Layout.of(width).width, height) + body + "</svg>"
+
+
+def build_models_batch_svg(by_model: dict[str, list[dict]], max_lanes: int = 24, width: int = WIDTH) -> str:
+    """Several models' timelines, one under the other, each titled with its model (each model has
+    its own batch); one model's is `build_batch_svg`'s picture. The legend is drawn once, last."""
+    if len(by_model) <= 1:
+        return build_batch_svg(next(iter(by_model.values()), []), max_lanes, width=width)
+    parts, y = [], 0.0
+    for i, (model, events) in enumerate(by_model.items()):
+        body, height = _timeline(events, max_lanes, None, width, model=model, legend=i == len(by_model) - 1)
+        parts.append(f'<g class="model" data-model="{escape(model)}" transform="translate(0,{y:.0f})">{body}</g>')
+        y += height
+    return svg_open("mlx-batch", Layout.of(width).width, y) + "".join(parts) + "</svg>"
+
+
+def _timeline(events: list[dict], max_lanes: int, title: Optional[str], width: int, model: Optional[str] = None,
+              legend: bool = True) -> tuple[str, float]:
+    """One batch's timeline (its title, lanes, batch-size chart, legend): the SVG inside the root
+    tag, and its height."""
     layout = Layout.of(width)
     lanes, sizes = lanes_from_events(events)
     hidden = max(0, len(lanes) - max_lanes)
@@ -154,12 +179,13 @@ def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str
     lanes_h = max(1, len(lanes)) * layout.lane_h
     chart_y = TOP + lanes_h + 10 + layout.name_h
     legend_y = chart_y + CHART_H + 20
-    legend, legend_h = _legend(legend_y, layout)
+    legend, legend_h = _legend(legend_y, layout) if legend else ("", 0)
     head = title or f"batch timeline: {len(lanes)} request{'s' if len(lanes) != 1 else ''} over {_seconds(t1 - t0)}"
+    if model:
+        head = f"{model}: {head}"
     if hidden:
         head += f" (+{hidden} earlier not shown)"
-    out = [svg_open("mlx-batch", layout.width, legend_y + legend_h),
-           f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">'
+    out = [f'<text x="8" y="16" font-size="12" font-weight="bold" fill="currentColor">'
            f'{escape(cut(head, (layout.width - 16) / BOLD_12_PX))}</text>']
     if not lanes:
         note = "no batch events yet: chat from any notebook or client of this server"
@@ -169,13 +195,13 @@ def build_batch_svg(events: list[dict], max_lanes: int = 24, title: Optional[str
         out.append(_lane(ln, TOP + i * layout.lane_h, x, t1, layout))
     out.append(_chart(sizes, x, chart_y, t0, t1, layout))
     out.append(legend)
-    out.append("</svg>")
-    return "".join(out)
+    return "".join(out), legend_y + legend_h
 
 
 def _name(ln: dict, layout: Layout) -> tuple[str, str]:
     """(first line, second line) of a lane's label: its prompt, and who sent it."""
-    label, source = ln["label"] or ln["id"], ln["source"] or ""
+    label = ln["label"] or ln["id"]
+    source = " · ".join(p for p in (ln.get("adapter") and f"@{ln['adapter']}", ln["source"]) if p)
     if layout.narrow:  # one line above the bars, "prompt · source", in the width (10 and 8.5 px text)
         room = layout.width - 16
         first = cut(label, room * (0.55 if source else 1.0) / 5.6)

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from mlx_nb.magics.tables import cache_table, status_table
-from mlx_nb.pictures.batch import REASON_COLORS, build_batch_svg, lanes_from_events
+from mlx_nb.pictures.batch import REASON_COLORS, build_batch_svg, build_models_batch_svg, lanes_from_events
 from mlx_nb.pictures.cache import TYPE_COLORS, build_cache_svg
 
 
@@ -66,6 +66,29 @@ def test_batch_svg_has_labelled_lanes_a_time_axis_and_a_full_legend():
     hover = [el.text for el in root.iter() if el.tag.endswith("}title")]
     assert any("from notebook 02.ipynb" in h and "prompt: Name a planet. (5 tokens)" in h and "waited 0.50 s" in h
                and "left: stop" in h for h in hover), hover
+
+
+def test_several_models_each_get_their_own_timeline_and_adapter_lanes_say_which():
+    """Each loaded model has its own batch: one titled timeline per model, one under the other,
+    the legend once; a lane of a request with a LoRA adapter names it (label and hover)."""
+    other = [ev(1, "insert", 0, ["x"], prompt_tokens=4, source="notebook 03.ipynb", label="Rhyme <this>.",
+                adapter="terse<1>"),
+             ev(2, "extend", 1, ["x"], batch_size=1), ev(3, "step", 2, ["x"], batch_size=1),
+             ev(4, "filter", 3, ["x"], reason="stop", batch_size=0)]
+    assert build_models_batch_svg({"only": EVENTS}) == build_batch_svg(EVENTS)
+    svg = build_models_batch_svg({"tiny-llama": EVENTS, "tiny-<gemma>": other}, width=320)
+    root = parse(svg)
+    models = [el for el in root.iter() if el.get("class") == "model"]
+    assert [m.get("data-model") for m in models] == ["tiny-llama", "tiny-<gemma>"]
+    assert [len([g for g in m.iter() if g.get("class") == "lane"]) for m in models] == [3, 1]
+    titles = [texts(m)[0].text for m in models]
+    assert titles[0].startswith("tiny-llama: batch timeline: 3 req") and titles[1].startswith("tiny-<gemma>: ")
+    assert svg.count('class="legend"') == len([el for el in models[1].iter() if el.get("class") == "legend"]) > 0
+    y = [float(m.get("transform").split(",")[1].rstrip(")")) for m in models]
+    assert y[0] == 0 and y[1] > 0 and float(root.get("height")) > y[1]
+    lane = [g for g in models[1].iter() if g.get("class") == "lane"][0]
+    assert any("@terse<1>" in "".join(el.itertext()) for el in texts(lane))
+    assert "with the LoRA adapter terse<1>" in [el.text for el in lane.iter() if el.tag.endswith("}title")][0]
 
 
 def test_svgs_follow_the_theme():

@@ -5,7 +5,9 @@ unloads the least recently used idle model to make room and refuses a model that
 a 503 that says why; an idle model is unloaded after its keep-alive; `models.list()` shows the
 registry with each model's state."""
 
+import json
 import random
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -60,6 +62,20 @@ def adapters(tmp_path_factory) -> dict:
     return {name: make_adapter(path, root / name, seed=i + 1, **spec) for i, (name, spec) in enumerate(specs.items())}
 
 
+def streamed_lines(server, model: str, text: str, **extra) -> list[str]:
+    """The raw SSE lines of a streamed chat (comments included), as any HTTP client reads them."""
+    body = {"model": model, "max_tokens": MAX, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": text}], **extra}
+    with server.http.stream("POST", f"{server.url}/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def streamed_text(lines: list[str]) -> str:
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+
+
 def registered(models: list[str]) -> list[str]:
     return [f"--MLXExtension.models={m}" for m in models]  # a list option: one flag per item
 
@@ -106,6 +122,16 @@ def test_concurrent_chats_naming_three_models_and_three_adapters_each_answer_as_
         assert status["memory"]["peak_bytes"] <= registry["budget_bytes"]  # MLX's peak, every model's arrays
         loaded = {m["name"] for m in registry["models"] if m["state"] == "loaded"}
         assert loaded == {n.partition("@")[0] for n, _ in asks}
+        # each model has its own batch: the timeline draws one per loaded model, the default's first;
+        # its events (and another model's, by name) carry each request's adapter
+        svg = server.http.get(f"{server.url}/batch.svg", params={"lanes": 60}).text
+        drawn = re.findall(r'class="model" data-model="([^"]+)"', svg)
+        assert drawn[0] == DEFAULT and set(drawn) == loaded, drawn
+        inserts = [e for e in server.get("events", stream=0) if e["kind"] == "insert"]
+        assert {e["detail"].get("adapter") for e in inserts} >= used
+        for other in loaded - {DEFAULT}:
+            theirs = [e for e in server.get("events", stream=0, model=other) if e["kind"] == "insert"]
+            assert len(theirs) == sum(n == other for n, _ in asks)
         from prometheus_client.parser import text_string_to_metric_families
 
         scraped = {f.name: f for f in text_string_to_metric_families(server.http.get(f"{server.url}/metrics").text)}
@@ -149,6 +175,12 @@ def test_the_budget_unloads_the_idle_model_keep_alive_unloads_and_too_big_is_a_5
         client.load(OTHERS[0])  # loaded on request, before any chat names it (the other idle one makes room)
         assert states(server)[OTHERS[0]] == "loaded" and states(server)[OTHERS[1]] == "available"
         assert client.unload(OTHERS[0])["unloaded_now"] and states(server)[OTHERS[0]] == "available"
+        # a streamed request that waited for its model's load opened its stream: its mistake comes as the
+        # stream's error event, the model loaded for the next request
+        lines = streamed_lines(server, OTHERS[0], "hi", temperature=99)
+        assert lines[0].startswith(f": loading {OTHERS[0]}: ") and lines[-1].startswith("data: {")
+        assert "temperature" in json.loads(lines[-1][6:])["error"]["message"]
+        assert states(server)[OTHERS[0]] == "loaded" and client.unload(OTHERS[0])["unloaded_now"]
         with pytest.raises(ClientError, match="default model"):
             client.unload(DEFAULT)
         # Ollama's keep_alive per request: a bad one is a 400; "1s" unloads the model once idle that long
@@ -181,9 +213,9 @@ def test_a_stream_keeps_decoding_while_another_model_loads(tmp_path_factory, rec
         stamps: list[float] = []
         loaded: dict = {}
 
-        def load_other():
+        def load_other():  # streamed: the stream opens while the model loads, its progress as comments
             loaded["start"] = time.monotonic()
-            loaded["reply"] = ask(server, OTHERS[1], "hello")
+            loaded["lines"] = streamed_lines(server, OTHERS[1], "hello")
             loaded["end"] = time.monotonic()
 
         stream = sdk(server).chat.completions.create(
@@ -202,7 +234,11 @@ def test_a_stream_keeps_decoding_while_another_model_loads(tmp_path_factory, rec
                     break
         assert after >= 20, "the stream ended before the other model had loaded"
         other.join(120)
-        assert loaded.get("reply") is not None and states(server)[OTHERS[1]] == "loaded"
+        assert states(server)[OTHERS[1]] == "loaded"
+        lines = loaded["lines"]
+        first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+        assert first_data > 0 and all(line.startswith(f": loading {OTHERS[1]}: ") for line in lines[:first_data])
+        assert streamed_text(lines) == alone(OTHERS[1], ["hello"])[0]
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         during = [b - a for a, b in zip(stamps, stamps[1:]) if b >= loaded["start"] and a <= loaded["end"]]
         record_property("longest_pause_while_loading_s", round(max(during or [0.0]), 3))
