@@ -27,6 +27,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 
 from mlx_nb.engine.sampling import TokenSampler
+from mlx_nb.engine.speculation import PromptLookup, cache_can_cut_back, cut_back, plan, speculable
 from mlx_nb.kernels import ops
 from mlx_nb.models.lora import adapter_rows
 
@@ -78,7 +79,87 @@ def _uniforms(ts: list[TokenSampler]) -> mx.array:
 
 class DecodeBatch(GenerationBatch):
     """mlx_lm's decode batch with our `_step` (see the module docstring); merging, filtering,
-    extending and the cache stay mlx_lm's."""
+    extending and the cache stay mlx_lm's. With `speculation` set (engine/speculation.py), a step
+    may verify rows' prompt-lookup proposals and give a row several tokens: `next` is mlx_lm's
+    bookkeeping (budgets, stop sequences, one Response per token) over each row's run of tokens."""
+
+    speculation: Optional[PromptLookup] = None
+
+    def next(self) -> list:
+        if not self.uids:
+            return []
+        runs = self._speculated()
+        if runs is None:
+            tokens, logprobs = self._step()
+            runs, logprob_runs = [[t] for t in tokens], [[lp] for lp in logprobs]
+        else:
+            logprob_runs = [[None] * len(run) for run in runs]
+        keep, responses = [], []
+        for i, uid in enumerate(self.uids):
+            finish = None
+            for token, logprob in zip(runs[i], logprob_runs[i]):
+                self._num_tokens[i] += 1
+                if self._num_tokens[i] >= self.max_tokens[i]:
+                    finish = "length"
+                if self._matchers[i].advance(token):
+                    finish = "stop"
+                ended = finish is not None
+                responses.append(self.Response(uid=uid, token=token, logprobs=logprob, finish_reason=finish,
+                                               prompt_cache=self.extract_cache(i) if ended else None,
+                                               all_tokens=self.tokens[i] if ended else None))
+                if ended:
+                    break
+            if finish is None:
+                keep.append(i)
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
+
+    def _speculated(self) -> Optional[list[list[int]]]:
+        """One verifying step when rows propose tokens (engine/speculation.py): each row's run of
+        tokens (its pending token, then the proposed ones the model agreed with), or None for a
+        plain step. The pending tokens become the first column of the forward; the greedy token
+        after each row's kept run is its next pending token."""
+        spec = self.speculation
+        if spec is None:
+            return None
+        spec.steps += 1
+        rows = len(self.uids)
+        if len(spec.rows) > 4 * max(rows, 8):
+            spec.forget(self.uids)
+        samplers = [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * rows)]
+        processors = self.logits_processors or [None] * rows
+        if (spec.draft_limit(rows) < 1 or not all(speculable(s, p) for s, p in zip(samplers, processors))
+                or not any(spec.due(u) for u in self.uids) or not cache_can_cut_back(self.prompt_cache)):
+            return None
+        mx.eval(self._next_tokens)
+        pending = self._next_tokens.tolist()
+        budgets = [m - n - 1 for m, n in zip(self.max_tokens, self._num_tokens)]
+        drafts = plan(spec, self.uids, self.tokens, pending, budgets)
+        if drafts is None:
+            return None
+        width = max(len(d) for d in drafts)
+        inputs = mx.array([[p, *d, *[p] * (width - len(d))] for p, d in zip(pending, drafts)])
+        with adapter_rows(self.model, self.uids):
+            greedy = mx.argmax(self.model(inputs, cache=self.prompt_cache), axis=-1).tolist()
+        runs, bonus, drops = [], [], []
+        for uid, p, d, g in zip(self.uids, pending, drafts, greedy):
+            kept = 0
+            while kept < len(d) and d[kept] == g[kept]:
+                kept += 1
+            if d:
+                spec.record(uid, len(d), kept)
+            runs.append([p, *d[:kept]])
+            bonus.append(g[kept])
+            drops.append(width - kept)
+        cut_back(self.prompt_cache, drops)
+        spec.speculative_steps += 1
+        for row, run in zip(self.tokens, runs):
+            row.extend(run)
+        self._current_tokens = inputs[:, 0]
+        self._next_tokens = mx.array(bonus, dtype=mx.uint32)
+        self._next_logprobs = [None] * rows
+        return runs
 
     def _step(self):
         self._current_tokens = self._next_tokens
@@ -163,7 +244,7 @@ class Generator(BatchGenerator):
         room = self.completion_batch_size - len(self._generation_batch) - len(self._prompt_batch)
         return super()._make_batch(max(0, min(n, room)))
 
-    def __init__(self, model, **kwargs):
+    def __init__(self, model, speculation: Optional[PromptLookup] = None, **kwargs):
         from mlx_nb.engine.upstream_guard import require
 
         require()  # the private names below are mlx_lm's: a changed mlx_lm fails here, in one line
@@ -171,3 +252,4 @@ class Generator(BatchGenerator):
         self._prompt_batch = PromptBatch.empty(self.model, self.sampler,
                                                prefill_step_size=self._prompt_batch.prefill_step_size)
         self._generation_batch = DecodeBatch.empty(self.model, self.sampler)
+        self._generation_batch.speculation = speculation

@@ -86,6 +86,7 @@ class Engine(PrefixCacheControls, AdapterControls):
         max_image_pixels: int = 40_000_000,
         batch_policy: Optional[str] = None,
         quantize: Optional[int] = None,
+        speculation: bool = True,
         wait: bool = False,
     ):
         from mlx_nb.models.sources import DEFAULT_MODEL
@@ -93,8 +94,9 @@ class Engine(PrefixCacheControls, AdapterControls):
         self.model_name = model or DEFAULT_MODEL
         # prefill_budget_s: while rows decode, prompt chunks are sized so a step takes about this
         # long (None: always prefill_step_size tokens), so long prompts don't stall running streams.
+        # speculation: greedy rows of a small batch verify prompt-lookup guesses (engine/speculation.py)
         self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size,
-                            prefill_budget_s=prefill_budget_s)
+                            prefill_budget_s=prefill_budget_s, speculation=speculation)
         self.event_log = EventLog(event_capacity)
         self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)
             roots=image_roots if image_roots is not None else [os.getcwd()],
@@ -451,6 +453,7 @@ class Engine(PrefixCacheControls, AdapterControls):
             "options": dict(self.options),
             "prefix_cache": runner.prefix.status() if runner.prefix is not None else {"enabled": False},
             "adapters": self._adapters_on_thread(),
+            "speculation": runner.speculation.status() if runner.speculation is not None else None,
             "requests": requests,
         }
 

@@ -23,6 +23,7 @@ from mlx_nb.engine.latency import Latency
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.pacing import PrefillPacer
 from mlx_nb.engine.sampling import SamplerCache, logits_processors
+from mlx_nb.engine.speculation import PromptLookup
 from mlx_nb.engine.types import RequestError, TokenLogprob, first_line
 from mlx_nb.engine.upstream import extracted, progress, responses
 
@@ -41,6 +42,7 @@ class BatchRunner:
         prefill_budget_s: Optional[float] = 0.25,
         prefix=None,
         policy=None,
+        speculation: bool = True,
     ):
         self.loaded = loaded
         self.prefix = prefix  # a PrefixCache, or None when reuse is off
@@ -63,6 +65,8 @@ class BatchRunner:
         self.decoding: list[str] = []
         self._peak_batch = 0
         self._read_tokens = 0  # prompt tokens read in the current step, for the pacer
+        # prompt-lookup speculation of greedy rows (engine/speculation.py); its counters are status()'s
+        self.speculation = PromptLookup() if speculation and not self.sequential else None
         self._bg = self._new_generator()
         # LoRA adapters loaded on this model, applied to the rows whose requests name one (models/lora.py)
         self.lora = attach_router(loaded.model, self._adapter_of) if loaded.kind != "vision" else None
@@ -77,6 +81,7 @@ class BatchRunner:
             return SequentialGenerator(self.loaded, stop_tokens=[[t] for t in eos])
         return Generator(
             self.loaded.model,
+            speculation=self.speculation,
             stop_tokens=[[t] for t in eos],
             completion_batch_size=self.max_batch,
             prefill_batch_size=self.prefill_batch,

@@ -1,6 +1,6 @@
 """The private parts of mlx_lm the engine builds on, named in one table and checked.
 
-`decode.py` subclasses mlx_lm's batch classes and overrides private methods (`GenerationBatch._step`,
+`decode.py` subclasses mlx_lm's batch classes and overrides private methods (`GenerationBatch._step` / `next`,
 `PromptProcessingBatch.split` / `generate` / `prompt`, `BatchGenerator._make_batch`) and reads private
 attributes of theirs. pyproject.toml pins mlx-lm exactly; this table is what an upgrade must keep.
 `check()` compares each entry with what is installed and returns the differences, one line each;
@@ -35,6 +35,12 @@ PRIVATE_API = (
             "PromptBatch.generate builds a DecodeBatch with these ten, by position"),
     Private("mlx_lm.generate:GenerationBatch._step", ("self",), "DecodeBatch overrides the decode step"),
     Private("mlx_lm.generate:GenerationBatch.empty", ("model", "fallback_sampler"), "Generator's empty decode batch"),
+    Private("mlx_lm.generate:GenerationBatch.next", ("self",),
+            "DecodeBatch.next keeps its bookkeeping over runs of speculated tokens"),
+    Private("mlx_lm.generate:GenerationBatch.extract_cache", ("self", "idx"), "a finished row's cache"),
+    Private("mlx_lm.generate:GenerationBatch.Response",
+            ("uid", "token", "logprobs", "finish_reason", "prompt_cache", "all_tokens"),
+            "DecodeBatch.next makes one per token"),
     Private("mlx_lm.generate:PromptProcessingBatch.split", ("self", "indices"),
             "PromptBatch hands the cache over instead of copying it"),
     Private("mlx_lm.generate:PromptProcessingBatch.generate", ("self", "tokens"),
@@ -53,7 +59,7 @@ PRIVATE_API = (
 INSTANCE_ATTRIBUTES = {
     "GenerationBatch": ("model", "uids", "prompt_cache", "tokens", "samplers", "fallback_sampler", "logits_processors",
                         "stop_sequences", "max_tokens", "_current_tokens", "_next_tokens", "_current_logprobs",
-                        "_next_logprobs", "_token_context"),
+                        "_next_logprobs", "_token_context", "_num_tokens", "_matchers"),
     "PromptProcessingBatch": ("model", "uids", "prompt_cache", "tokens", "samplers", "fallback_sampler",
                               "logits_processors", "stop_sequences", "max_tokens", "prefill_step_size"),
     "BatchGenerator": ("_prompt_batch", "_generation_batch", "completion_batch_size", "sampler", "model",

@@ -1,0 +1,158 @@
+"""Prompt-lookup speculation in the shared batch (engine/speculation.py): greedy rows give exactly the
+tokens mlx_lm's generate_step gives one request at a time, several per step when the guess is right.
+
+Tiny random models fall into loops soon: their answers repeat their own tokens, which is what prompt
+lookup guesses, so the proposals are accepted often, rejected sometimes, and partly accepted in
+between; rows of a batch drop different numbers of positions in the same step.
+"""
+
+import numpy as np
+import pytest
+
+from mlx_nb import Engine
+from mlx_nb.compat.configs import write_tiny
+from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.speculation import PromptLookup, cut_back, propose
+from mlx_nb.models import load_model
+from reference import reply_tokens
+
+MAX_TOKENS = 48
+
+
+def _texts(seed: int, n: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(str(x) for x in rng.integers(0, 30, size=rng.integers(2, 40))) for _ in range(n)]
+
+
+def _reference(path, texts, budgets) -> list[list[int]]:
+    loaded = load_model(str(path))
+    return [reply_tokens(loaded, encode_prompt(loaded.tokenizer, t, chat=False), m) for t, m in zip(texts, budgets)]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3", "granite", "qwen3_moe"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_greedy_rows_give_mlx_lms_tokens_with_speculation_alone_and_batched(arch, seed, tmp_path):
+    path = write_tiny(arch, tmp_path / arch, seed=seed)
+    texts = _texts(seed, 9)
+    budgets = [MAX_TOKENS - 7 * (i % 4) for i in range(len(texts))]  # runs end inside accepted proposals too
+    want = _reference(path, texts, budgets)
+    with Engine(str(path), wait=True, prefix_cache=False) as engine:
+        for rows in (1, 3):
+            got = []
+            for i in range(0, len(texts), rows):
+                handles = [engine.submit(prompt=t, max_tokens=m) for t, m in zip(texts[i:i + rows], budgets[i:i + rows])]
+                got += [h.result(timeout=120).token_ids for h in handles]
+            assert got == want, f"{rows} row(s) a batch"
+        spec = engine.status()["speculation"]
+    assert spec["accepted_tokens"] > 0 and spec["speculative_steps"] > 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_wrong_guesses_change_no_token(seed, tmp_path, monkeypatch):
+    """Every proposal made wrong at its end (and one in three wholly wrong): rows accept part of a
+    guess or none of it, drop different numbers of positions in one step, and still give mlx_lm's
+    tokens."""
+    from mlx_nb.engine import speculation
+
+    path = write_tiny("qwen3", tmp_path / "qwen3", seed=seed)
+    texts = _texts(seed + 10, 6)
+    want = _reference(path, texts, [MAX_TOKENS] * len(texts))
+    real, calls = speculation.propose, [0]
+
+    def spoiled(context, k, *args):
+        draft = real(context, k, *args)
+        calls[0] += 1
+        if draft and calls[0] % 3 == 0:
+            return [(t + 1) % 200 for t in draft]
+        return draft[:-1] + [(draft[-1] + 1) % 200] if len(draft) > 1 else draft
+
+    monkeypatch.setattr(speculation, "propose", spoiled)
+    with Engine(str(path), wait=True, prefix_cache=False) as engine:
+        handles = [engine.submit(prompt=t, max_tokens=MAX_TOKENS) for t in texts]
+        assert [h.result(timeout=120).token_ids for h in handles] == want
+        spec = engine.status()["speculation"]
+    assert 0 < spec["accepted_tokens"] < spec["proposed_tokens"] - spec["speculative_steps"]
+
+
+def test_sampled_constrained_and_logprob_rows_beside_speculating_ones(tmp_path):
+    """Rows that cannot speculate (sampled, held to a grammar, asking for logprobs, ended by a stop
+    string) share the batch with greedy ones: every greedy row still equals mlx_lm's, a seeded
+    sampled row equals itself served alone, a stop string still ends its row."""
+    from mlx_nb.engine.constrained import Constraint
+
+    path = write_tiny("qwen3", tmp_path / "qwen3", seed=3)
+    texts = ["hello there " * 3, "a b c d e f", "the cat sat on the mat", "one two three four"]
+    want = _reference(path, texts, [MAX_TOKENS] * len(texts))
+    with Engine(str(path), wait=True, prefix_cache=False) as engine:
+        sampled_alone = engine.submit(prompt="7 7 7", max_tokens=20, temperature=0.9, seed=5).result(60).token_ids
+        texts_out = [engine.submit(prompt=t, max_tokens=MAX_TOKENS).result(60).text for t in texts]
+        row = max(range(len(texts)), key=lambda i: len(texts_out[i]))
+        assert len(texts_out[row]) >= 8, texts_out
+        stop_at = texts_out[row][5:8]
+        handles = [engine.submit(prompt=t, max_tokens=MAX_TOKENS) for t in texts]
+        others = [engine.submit(prompt="7 7 7", max_tokens=20, temperature=0.9, seed=5),
+                  engine.submit(prompt="1 2", max_tokens=12, constraint=Constraint(kind="regex", value="[0-9 ]{12}")),
+                  engine.submit(prompt=texts[0], max_tokens=10, logprobs=2),
+                  engine.submit(prompt=texts[row], max_tokens=MAX_TOKENS, stop=[stop_at])]
+        results = [h.result(timeout=120) for h in handles + others]
+    assert [r.token_ids for r in results[:4]] == want
+    sampled, constrained, with_logprobs, stopped = results[4:]
+    assert sampled.token_ids == sampled_alone
+    assert all(c in "0123456789 " for c in constrained.text) and constrained.error is None
+    assert len(with_logprobs.logprobs) == len(with_logprobs.token_ids) and with_logprobs.token_ids == want[0][:10]
+    assert stopped.finish_reason == "stop" and stopped.matched_stop == stop_at
+    assert stopped.text == texts_out[row][:texts_out[row].index(stop_at)]
+
+
+def test_speculation_off_and_caches_that_cannot_be_cut_back_decode_as_before(tmp_path):
+    """`speculation=False` never proposes; a model whose caches rotate (this tiny llama's sliding
+    window layers) never speculates either, and both give mlx_lm's tokens."""
+    for arch, kwargs in (("qwen2", {"speculation": False}), ("llama", {})):
+        path = write_tiny(arch, tmp_path / arch, seed=4)
+        texts = _texts(4, 3)
+        want = _reference(path, texts, [MAX_TOKENS] * 3)
+        with Engine(str(path), wait=True, prefix_cache=False, **kwargs) as engine:
+            handles = [engine.submit(prompt=t, max_tokens=MAX_TOKENS) for t in texts]
+            assert [h.result(timeout=120).token_ids for h in handles] == want, arch
+            spec = engine.status()["speculation"]
+        assert spec is None if kwargs else spec["speculative_steps"] == 0
+
+
+def test_propose_takes_what_followed_the_latest_earlier_ngram():
+    assert propose([5, 6, 7, 8, 9, 5, 6], 3) == [7, 8, 9]
+    assert propose([1, 2, 3, 1, 2, 4, 1, 2], 2) == [4, 1]  # the latest occurrence
+    assert propose([1, 2, 3, 4, 2, 3, 4, 9, 3, 4], 5, max_n=3) == [9, 3, 4]  # the longest n that occurred: 3 4 -> 9
+    assert propose([1, 2, 3, 4], 4) == [] and propose([7, 7], 4) == []
+    assert propose([3, 3, 3, 3], 2) == [3]  # what followed the latest earlier occurrence, up to the end
+
+
+def test_a_row_that_keeps_missing_is_asked_less_often():
+    spec = PromptLookup()
+    waits = []
+    for _ in range(7):
+        spec.record(9, 4, 0)
+        waits.append(spec.rows[9].due - spec.steps)
+    assert waits == [2, 4, 8, 16, 32, 32, 32]
+    spec.record(9, 4, 2)
+    assert spec.due(9) is False and spec.rows[9].due == spec.steps + 1 and spec.rows[9].failures == 0
+
+
+def test_cut_back_drops_each_rows_last_positions():
+    """Three rows drop 1, 3 and 0 positions: each keeps its first tokens, right-aligned, the freed
+    places become left padding, offsets count what is left (what a cache holding only the kept
+    tokens holds)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    keys = mx.random.normal((3, 2, 5, 4), key=mx.random.key(0))
+    values = mx.random.normal((3, 2, 5, 4), key=mx.random.key(1))
+    cache = BatchKVCache([0, 0, 0])
+    cache.update_and_fetch(keys, values)
+    cut_back([cache], [1, 3, 0])
+    k, v = cache.keys_and_values()
+    assert cache.offset.tolist() == [4, 2, 5] and cache.left_padding.tolist() == [1, 3, 0]
+    for row, drop in enumerate([1, 3, 0]):
+        assert mx.array_equal(k[row, :, drop:], keys[row, :, :5 - drop]).item()
+        assert mx.array_equal(v[row, :, drop:], values[row, :, :5 - drop]).item()
+    cut_back([cache], [2, 2, 2])  # the same for every row: a plain trim
+    assert cache.offset.tolist() == [2, 0, 3] and cache.keys_and_values()[0].shape[2] == 3
