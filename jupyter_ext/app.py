@@ -85,6 +85,10 @@ class MLXExtension(ExtensionApp):
         help="Quantize a float checkpoint to 4 or 8 bits at load, for the CPU kernels (None: $MLX_NB_QUANTIZE, else "
         "keep it float). Quantized checkpoints (GGUF, mlx-community 4/8-bit) run as shipped either way.",
     ).tag(config=True)
+    speculation = Bool(
+        True, help="Greedy rows of a small batch verify prompt-lookup guesses (tokens that repeat what the "
+        "conversation holds), when the measured step times say it pays; the tokens are the same either way.",
+    ).tag(config=True)
     max_batch = Int(32, help="Most requests decoded together in one batch.").tag(config=True)
     prefill_batch = Int(
         32, help="Most requests whose prompts are read together in one prefill step (padded to the longest chunk)."
@@ -312,6 +316,7 @@ class MLXExtension(ExtensionApp):
         """The Engine's keyword arguments, from this extension's config."""
         return dict(
             quantize=self.quantize,
+            speculation=self.speculation,
             max_batch=self.max_batch,
             prefill_batch=self.prefill_batch,
             prefill_step_size=self.prefill_step_size,

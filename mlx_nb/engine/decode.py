@@ -21,6 +21,7 @@ copies the cache for the rows that stay, and here none do. Both batches build th
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import mlx.core as mx
@@ -88,7 +89,11 @@ class DecodeBatch(GenerationBatch):
     def next(self) -> list:
         if not self.uids:
             return []
+        started, rows = time.perf_counter(), len(self.uids)
         runs = self._speculated()
+        if self.speculation is not None:  # the step's time goes to the cost model when the next one starts
+            kind = ("plain", rows) if runs is None else ("verify", rows, self._verify_width)
+            self.speculation.step_started(started, kind)
         if runs is None:
             tokens, logprobs = self._step()
             runs, logprob_runs = [[t] for t in tokens], [[lp] for lp in logprobs]
@@ -125,20 +130,22 @@ class DecodeBatch(GenerationBatch):
             return None
         spec.steps += 1
         rows = len(self.uids)
+        if spec.draft_limit(rows) < 1:  # a batch this large has no compute to spare
+            return None
         if len(spec.rows) > 4 * max(rows, 8):
             spec.forget(self.uids)
         samplers = [self.fallback_sampler if s is None else s for s in (self.samplers or [None] * rows)]
         processors = self.logits_processors or [None] * rows
-        if (spec.draft_limit(rows) < 1 or not all(speculable(s, p) for s, p in zip(samplers, processors))
-                or not any(spec.due(u) for u in self.uids) or not cache_can_cut_back(self.prompt_cache)):
+        if (not any(spec.due(u) for u in self.uids) or not all(speculable(s, p) for s, p in zip(samplers, processors))
+                or not cache_can_cut_back(self.prompt_cache)):
             return None
-        mx.eval(self._next_tokens)
-        pending = self._next_tokens.tolist()
         budgets = [m - n - 1 for m, n in zip(self.max_tokens, self._num_tokens)]
-        drafts = plan(spec, self.uids, self.tokens, pending, budgets)
-        if drafts is None:
+        planned = plan(spec, self.uids, self.tokens, budgets, lambda: self._next_tokens.tolist())
+        if planned is None:
             return None
+        pending, drafts = planned
         width = max(len(d) for d in drafts)
+        self._verify_width = width + 1
         inputs = mx.array([[p, *d, *[p] * (width - len(d))] for p, d in zip(pending, drafts)])
         with adapter_rows(self.model, self.uids):
             greedy = mx.argmax(self.model(inputs, cache=self.prompt_cache), axis=-1).tolist()

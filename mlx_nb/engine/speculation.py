@@ -8,13 +8,23 @@ row's pending token and its proposal together; a proposed token is kept while it
 token the model gives at its place, so a row's tokens are exactly those it gives without
 speculation, several of them for the cost of one step when the guess is right.
 
+Whether it pays is measured, not assumed. On a CPU, reading L tokens at once costs more than one
+(two cores run out of arithmetic long before a GPU would: a 135M model reads 5 tokens in about
+twice the time of one, a 1B model in much less). `PromptLookup` times the batch's steps as they
+happen (plain steps by batch size, verifying steps by batch size and width) and keeps each row's
+acceptance rate; a step proposes the number of tokens that maximises the expected tokens per second
+(each row's expected run from its rate, against the measured or extrapolated time of that width),
+and none when no width beats a plain step. A width not measured yet is estimated from the widths
+that were (a prior slope until then), so the choice corrects itself on each machine and model.
+
 What `DecodeBatch` asks of this module:
-- `PromptLookup.plan(...)`: whether this step speculates, and each row's proposal. Only greedy rows
-  without logits processors, logprobs or their own sampler speculate (a sampled row would need
-  rejection sampling against its distribution: those steps run as before), only on caches that can
-  be cut back (plain KV caches), and only while the batch is small: verifying proposals costs
-  compute, which a batch of many rows has none of to spare. A row whose proposals keep failing (or
-  finding nothing) is asked again after 1, 2, 4, ... 32 steps, so free text costs next to nothing.
+- `plan(...)`: whether this step speculates, and each row's proposal. Only greedy rows without
+  logits processors, logprobs or their own sampler speculate (a sampled row would need rejection
+  sampling against its distribution: those steps run as before), only on caches that can be cut
+  back (plain KV caches), and only while the batch is small (`row_budget`). A row whose lookups find
+  nothing or whose proposals fail is asked again after 2, 4, ... 32 steps, so free text costs next
+  to nothing.
+- `PromptLookup.step_started(...)`: the time of each step, for the cost model.
 - `cut_back(caches, drops)`: each row's rejected positions taken off the batch's KV cache, through
   the cache's public trim, and for rows that dropped more than others its right-padding roll
   (`prepare(right_padding=...)` + `finalize()`, what mlx_lm uses after right-padded prompts).
@@ -23,24 +33,50 @@ What `DecodeBatch` asks of this module:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 MAX_BACKOFF = 32
+PRIOR_SLOPE = 0.35  # a verifying step of L tokens a row costs ~1 + 0.35 (L - 1) plain steps until measured
+PRIOR_RATE = 0.6  # a row's chance that its next proposed token is right, before it has proposed any
+DECAY = 0.8  # how fast a row's acceptance rate and the step timings follow what happens now
+GAIN = 1.1  # speculate only when the expected tokens per second beat a plain step by this much
 
 
 @dataclass
 class RowState:
-    due: int = 0  # the step at which this row may propose again
-    failures: int = 0  # proposals in a row that found nothing or had nothing accepted
+    due: int = 0  # the step at which this row may look up again
+    failures: int = 0  # lookups in a row that found nothing
+    hits: float = PRIOR_RATE  # decayed count of guessed tokens that were right ...
+    trials: float = 1.0  # ... and of those plus first wrong ones: hits / trials estimates the rate
+    shadow: Optional[tuple] = None  # (where in its tokens, guess): a guess not verified, scored as tokens come
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.trials
+
+    def score(self, right: int, guessed: int) -> None:
+        self.hits = DECAY * self.hits + right
+        self.trials = DECAY * self.trials + right + (right < guessed)
+
+    def settle_shadow(self, tokens: list[int]) -> None:
+        """Score the unverified guess against the tokens that came since, once they confirm or refute it."""
+        if self.shadow is None:
+            return
+        start, guess = self.shadow
+        came = tokens[start:start + len(guess)]
+        right = next((i for i, (a, b) in enumerate(zip(came, guess)) if a != b), len(came))
+        if right < len(came) or len(came) == len(guess):
+            self.score(right, len(guess))
+            self.shadow = None
 
 
 @dataclass
 class PromptLookup:
-    """Prompt-lookup speculation's settings and counters (one per decode batch)."""
+    """Prompt-lookup speculation's settings, cost model and counters (one per decode batch)."""
 
-    max_draft: int = 8  # most tokens a row proposes in one step
+    max_draft: int = 16  # most tokens a row proposes in one step
     row_budget: int = 24  # rows x (1 + proposal) read in one verifying step, at most
     max_ngram: int = 4
     min_ngram: int = 2
@@ -49,6 +85,9 @@ class PromptLookup:
     proposed: int = 0
     accepted: int = 0
     rows: dict = field(default_factory=dict)  # uid -> RowState
+    plain_s: dict = field(default_factory=dict)  # batch size -> seconds a plain step takes (decayed mean)
+    verify_s: dict = field(default_factory=dict)  # (batch size, width) -> seconds a verifying step takes
+    _last: Optional[tuple] = None  # (when the previous step started, its kind)
 
     def draft_limit(self, rows: int) -> int:
         return min(self.max_draft, self.row_budget // max(rows, 1) - 1)
@@ -57,30 +96,84 @@ class PromptLookup:
         return self.rows.setdefault(uid, RowState()).due <= self.steps
 
     def record(self, uid: int, proposed: int, accepted: int) -> None:
-        """One row's outcome: a hit makes it ask again next step, a miss waits longer each time."""
-        state = self.rows.setdefault(uid, RowState())
+        """A verified proposal's outcome (the row's rate learns from it)."""
         self.proposed += proposed
         self.accepted += accepted
-        if accepted:
-            state.failures, state.due = 0, self.steps + 1
-        else:
-            state.failures += 1
-            state.due = self.steps + min(2 ** state.failures, MAX_BACKOFF)
+        self.rows.setdefault(uid, RowState()).score(accepted, proposed)
+
+    def found_nothing(self, state: RowState) -> None:
+        """A lookup found no earlier occurrence: the row waits 2, 4, ... 32 steps before the next."""
+        state.failures += 1
+        state.due = self.steps + min(2 ** state.failures, MAX_BACKOFF)
 
     def forget(self, live_uids: list[int]) -> None:
         for uid in [u for u in self.rows if u not in live_uids]:
             del self.rows[uid]
 
+    # -- the cost model -------------------------------------------------------------------------
+    def step_started(self, now: float, kind: tuple) -> None:
+        """A decode step starts (`kind`: ("plain", rows) or ("verify", rows, width)): the time since
+        the previous one is what that one took, bookkeeping included. Only a plain step that followed
+        a plain step of as many rows counts (the first after a change waited for an extend, or for a
+        batch that had emptied), and no interval far above the estimate (a prompt chunk read in the
+        same step)."""
+        if self._last is not None:
+            started, previous, before = self._last
+            took = now - started
+            if previous[0] == "plain":
+                table, key, estimate = self.plain_s, previous[1], self.plain_s.get(previous[1])
+                steady = before == previous
+            else:
+                table, key = self.verify_s, previous[1:]
+                estimate, steady = self.verify_s.get(key) or self.verify_cost(*key), True
+            if steady and (estimate is None or took < 1.5 * estimate):
+                known = table.get(key)
+                table[key] = took if known is None else DECAY * known + (1 - DECAY) * took
+        self._last = (now, kind, None if self._last is None else self._last[1])
+
+    def verify_cost(self, rows: int, width: int) -> Optional[float]:
+        """Seconds a verifying step of `width` tokens a row takes: measured, or extrapolated from the
+        widths measured at this batch size (the prior slope when none is); None before any plain step."""
+        plain = self.plain_s.get(rows)
+        if plain is None:
+            return None
+        measured = self.verify_s.get((rows, width))
+        if measured is not None:
+            return measured
+        slopes = [(t / plain - 1) / (w - 1) for (r, w), t in self.verify_s.items() if r == rows and w > 1]
+        slope = sorted(slopes)[len(slopes) // 2] if slopes else PRIOR_SLOPE
+        return plain * (1 + max(slope, 0.0) * (width - 1))
+
+    def best_width(self, rates: list[float], lengths: list[int]) -> int:
+        """How many tokens a row this step proposes: the number that maximises the expected tokens
+        per second, or 0 when no number beats a plain step by GAIN. Row i's guess begins with its
+        pending token (right with chance rates[i], else the row proposes nothing) and keeps its j-th
+        proposed token with chance rates[i] ** (j + 1)."""
+        rows = len(rates)
+        plain = self.plain_s.get(rows)
+        if plain is None:
+            return 0
+        best, best_speed = 0, GAIN * rows / plain
+        for k in range(1, max(lengths) + 1):
+            cost = self.verify_cost(rows, k + 1)
+            expected = sum(1 + sum(p ** (j + 1) for j in range(1, min(k, n) + 1)) for p, n in zip(rates, lengths))
+            if expected / cost > best_speed:
+                best, best_speed = k, expected / cost
+        return best
+
     def status(self) -> dict:
         return {"method": "prompt lookup", "max_draft": self.max_draft, "steps": self.steps,
                 "speculative_steps": self.speculative_steps, "proposed_tokens": self.proposed,
                 "accepted_tokens": self.accepted,
-                "acceptance": round(self.accepted / self.proposed, 3) if self.proposed else None}
+                "acceptance": round(self.accepted / self.proposed, 3) if self.proposed else None,
+                "plain_step_s": {r: round(t, 5) for r, t in sorted(self.plain_s.items())},
+                "verify_step_s": {f"{r}x{w}": round(t, 5) for (r, w), t in sorted(self.verify_s.items())}}
 
 
 def propose(context: list[int], k: int, max_n: int = 4, min_n: int = 2) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the context's last n tokens
-    (the longest n from max_n down to min_n that occurred before); [] if none did."""
+    """k tokens that followed the latest earlier occurrence of the context's last n tokens (the
+    longest n from max_n down to min_n that occurred before); [] if none did. A continuation that
+    runs into the end goes on copying itself, as a loop does (LZ77's overlapping copy)."""
     if k < 1 or len(context) <= min_n:
         return []
     a = np.asarray(context, dtype=np.int64)
@@ -93,7 +186,10 @@ def propose(context: list[int], k: int, max_n: int = 4, min_n: int = 2) -> list[
         found = np.flatnonzero(hits)
         if found.size:
             start = int(found[-1]) + n
-            return a[start:start + k].tolist()
+            out = a[start:start + k].tolist()
+            while len(out) < k:
+                out.append(out[len(out) - (size - start)])
+            return out
     return []
 
 
@@ -127,18 +223,42 @@ def speculable(sampler, processors) -> bool:
             and not processors)
 
 
-def plan(spec: PromptLookup, uids: list[int], tokens: list[list[int]], pending: Optional[list[int]],
-         budgets: list[int]) -> Optional[list[list[int]]]:
-    """Each row's proposal for this step (given its tokens so far and its pending token), or None
-    when no row proposes anything. `budgets[i]`: tokens row i may still give after the pending one."""
+def plan(spec: PromptLookup, uids: list[int], tokens: list[list[int]], budgets: list[int],
+         read_pending: Callable[[], list[int]]) -> Optional[tuple[list[int], list[list[int]]]]:
+    """(each row's pending token, each row's proposal) for this step, or None when no row proposes
+    or no width pays. A row's lookup reads only its tokens in the cache: what followed their last
+    n tokens before is a guess for its pending token and then its proposal. The pending tokens
+    (still being computed: reading them waits for the step before) are read only when a width
+    pays; a row whose guess for its pending token is wrong proposes nothing. A guess not verified
+    is scored against the tokens as they come, so a row's rate follows its text at no cost.
+    `budgets[i]`: tokens row i may still give after its pending one."""
     limit = spec.draft_limit(len(uids))
+    guesses = []
+    for uid, row, budget in zip(uids, tokens, budgets):
+        state = spec.rows.setdefault(uid, RowState())
+        state.settle_shadow(row)
+        guess = []
+        if state.shadow is None and state.due <= spec.steps:
+            guess = propose(row, min(limit, budget) + 1, spec.max_ngram, spec.min_ngram)
+            if len(guess) < 2:
+                spec.found_nothing(state)
+                guess = []
+            else:
+                state.failures, state.shadow = 0, (len(row), guess)
+        guesses.append(guess)
+    if not any(guesses):
+        return None
+    width = spec.best_width([spec.rows[u].rate if g else 0.0 for u, g in zip(uids, guesses)],
+                            [max(len(g) - 1, 0) for g in guesses])
+    if not width:
+        return None  # the guesses stay shadows, scored as the tokens come
+    pending = read_pending()
     drafts = []
-    for uid, row, nxt, budget in zip(uids, tokens, pending, budgets):
-        if not spec.due(uid):
-            drafts.append([])
-            continue
-        draft = propose(row + [nxt], min(limit, budget), spec.max_ngram, spec.min_ngram)
-        if not draft:
-            spec.record(uid, 0, 0)
-        drafts.append(draft)
-    return drafts if any(drafts) else None
+    for uid, guess, nxt in zip(uids, guesses, pending):
+        if guess:
+            spec.rows[uid].shadow = None  # this step verifies it
+            if guess[0] != nxt:
+                spec.record(uid, 1, 0)
+                guess = []
+        drafts.append(guess[1:width + 1])
+    return (pending, drafts) if any(drafts) else None
