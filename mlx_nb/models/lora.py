@@ -69,11 +69,30 @@ class LoRAProjection(nn.Module):
         # adapter name -> (scale, [(start, stop, A, B)] by start): plain attributes, not parameters,
         # so the model's weights (and their fingerprint) stay the base model's
         object.__setattr__(self, "terms", {})
+        object.__setattr__(self, "pairs", {})  # adapter name -> (A, B) over every slice it adapts
 
     def add(self, name: str, scale: float, start: int, stop: int, a: mx.array, b: mx.array) -> None:
         scale_, parts = self.terms.setdefault(name, (scale, []))
         parts.append((start, stop, a, b))
         parts.sort(key=lambda p: p[0])
+        self.pairs[name] = self._joined(name, parts)
+
+    def remove(self, name: str) -> None:
+        del self.terms[name], self.pairs[name]
+
+    def _joined(self, name: str, parts: list) -> tuple[mx.array, mx.array]:
+        """One (A, s B) pair for an adapter's slices: A side by side, B block-diagonal at each
+        slice's outputs (zeros elsewhere) and scaled, so its term is two matmuls however many
+        slices it adapts (each op a decode step adds costs time on a small model)."""
+        a = mx.concatenate([p[2] for p in parts], axis=1)
+        b = mx.zeros((a.shape[1], self.output_dims), dtype=a.dtype)
+        at = 0
+        for start, stop, _, part in parts:
+            b[at:at + part.shape[0], start:stop] = part
+            at += part.shape[0]
+        b = self.terms[name][0] * b
+        mx.eval(a, b)
+        return a, b
 
     def __call__(self, x: mx.array, norm=None, residual=None, gate: bool = False) -> mx.array:
         given = {"norm": norm, "residual": residual}
@@ -94,30 +113,21 @@ class LoRAProjection(nn.Module):
 
             x = native().silu_gate(x)
         for name in used:
-            scale, parts = self.terms[name]
+            a, b = self.pairs[name]  # b carries the scale
             rows = [i for i, n in enumerate(names) if n == name]
             if len(rows) == len(names):
-                y = y + (scale * self._low_rank(x, parts)).astype(y.dtype)
+                y = y + _as(((x @ a) @ b), y.dtype)
             else:
                 idx = mx.array(rows)
-                y = y.at[idx].add((scale * self._low_rank(x[idx], parts)).astype(y.dtype))
+                y = y.at[idx].add(_as((x[idx] @ a) @ b, y.dtype))
         return y
-
-    def _low_rank(self, x: mx.array, parts: list) -> mx.array:
-        """(x A) B for each pair, placed at its slice of the outputs (zeros elsewhere)."""
-        pieces, at = [], 0
-        lead = x.shape[:-1]
-        for start, stop, a, b in parts:
-            if start > at:
-                pieces.append(mx.zeros((*lead, start - at), dtype=x.dtype))
-            pieces.append((x @ a) @ b)
-            at = stop
-        if at < self.output_dims:
-            pieces.append(mx.zeros((*lead, self.output_dims - at), dtype=x.dtype))
-        return pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=-1)
 
     def _extra_repr(self) -> str:
         return f"adapters={sorted(self.terms)}"
+
+
+def _as(x: mx.array, dtype) -> mx.array:
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 def _dims(m: nn.Module) -> Optional[tuple[int, int]]:
@@ -194,7 +204,7 @@ def uninstall(model: nn.Module, router: LoRARouter, name: str) -> Adapter:
     for _, module in list(model.named_modules()):
         for attr, child in list(module.items()):
             if isinstance(child, LoRAProjection) and name in child.terms:
-                del child.terms[name]
+                child.remove(name)
                 if not child.terms:
                     setattr(module, attr, child.base)
     return adapter
