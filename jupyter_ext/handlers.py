@@ -81,6 +81,13 @@ class PicksModels:
         while not engine.ready and engine.load_error is None and not engine.closed:
             await asyncio.sleep(0.05)
 
+    def adapter_base(self, name: Optional[str], shown: str) -> None:
+        """`name@adapter` names a model this server serves locally (else the 404 listing them)."""
+        if self.ext.remote is not None:
+            raise not_found("this server relays a backend: it loads no adapters of its own")
+        if name and name not in self.ext.model_names():
+            raise model_not_found(shown, self.ext.model_names())
+
     async def adapter_on(self, engine, adapter: str) -> dict:
         """A registered adapter on `engine` (read from its folder the first time): 404 for a name
         that is not registered, 400 for a folder that does not fit the model."""
@@ -139,6 +146,7 @@ class ModelHandler(PicksModels, ProxyMixin, MLXHandler):
         `model@adapter` loads the model and then the adapter on it."""
         base, adapter = split_adapter(name)
         if adapter is not None:
+            self.adapter_base(base, name)
             engine = await self.engine_named(base)
             described = await self.adapter_on(engine, adapter)
             return self.write_json({**model_card(name), "kind": "adapter", "state": "loaded", **described})
@@ -153,8 +161,10 @@ class ModelHandler(PicksModels, ProxyMixin, MLXHandler):
         pinned. `model@adapter` takes the adapter off the model (refused while a request uses it)."""
         base, adapter = split_adapter(name)
         if adapter is not None:
-            engine = await self.engine_named(base)
-            loaded = {a["name"] for a in engine.adapters()}
+            self.adapter_base(base, name)
+            entry = self.ext.registry.entry(base) if self.ext.registered(base) else None
+            engine = entry.engine if entry is not None else self.ext.engine  # never loaded to unload
+            loaded = {a["name"] for a in engine.adapters()} if engine is not None else set()
             if adapter in loaded:
                 await asyncio.to_thread(engine.unload_adapter, adapter)
             return self.write_json({**model_card(name), "kind": "adapter", "state": "available",
@@ -221,14 +231,13 @@ class GenerateHandler(PicksModels, ProxyMixin, MLXHandler):
         self.chosen = self.adapter = None
         asked = requested_model(self.request.body)
         name, self.adapter = split_adapter(asked, requested_field(self.request.body, "adapter"))
-        if self.adapter is not None and name and name not in self.ext.model_names():
-            raise model_not_found(asked, self.ext.model_names())
+        if self.adapter is not None:
+            self.adapter_base(name, asked or "")
         engine = await self.engine_named(name)
         if self.adapter is not None:  # its rows decode with the adapter, in the model's batch
             await self.adapter_on(engine, self.adapter)
             return engine, asked if asked and "@" in asked else (name or engine.model_name)
         return engine, name if self.ext.registered(name) else engine.model_name
-
 
     async def wait_loading(self, engine, name: str) -> None:
         """A streamed request waiting for its model to load gets its stream at once, with the load's

@@ -50,10 +50,10 @@ class AdapterControls:
         return self._call(take)
 
     def adapters(self) -> list[dict]:
-        """The adapters loaded on this engine."""
-        if not self.ready:
-            return []
-        return self._call(self._adapters_on_thread)
+        """The adapters loaded on this engine (a snapshot read on any thread: it never waits for a
+        step, so an HTTP handler may call it on the event loop)."""
+        runner = self._loop.runner
+        return self._adapters_of(runner) if self.ready and runner is not None else []
 
     @property
     def adapter_bytes(self) -> int:
@@ -63,8 +63,12 @@ class AdapterControls:
         return sum(a.nbytes for a in list(lora.adapters.values())) if lora is not None else 0
 
     def _adapters_on_thread(self) -> list[dict]:
-        lora = self._loop.runner.lora
-        return [a.describe() for a in lora.adapters.values()] if lora is not None else []
+        return self._adapters_of(self._loop.runner)
+
+    @staticmethod
+    def _adapters_of(runner) -> list[dict]:
+        lora = runner.lora
+        return [a.describe() for a in list(lora.adapters.values())] if lora is not None else []
 
     def _check_adapter(self, name: Optional[str], loaded, extra: dict) -> None:
         """A request's adapter, checked at submit: loaded on this engine, for a language model.

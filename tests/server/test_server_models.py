@@ -181,6 +181,11 @@ def test_the_budget_unloads_the_idle_model_keep_alive_unloads_and_too_big_is_a_5
         assert lines[0].startswith(f": loading {OTHERS[0]}: ") and lines[-1].startswith("data: {")
         assert "temperature" in json.loads(lines[-1][6:])["error"]["message"]
         assert states(server)[OTHERS[0]] == "loaded" and client.unload(OTHERS[0])["unloaded_now"]
+        # an adapter is taken off a model without loading the model; a base model not served is a 404
+        gone = server.http.delete(f"{server.url}/models/{OTHERS[0]}@any")
+        assert gone.status_code == 200 and gone.json()["unloaded_now"] is False
+        assert states(server)[OTHERS[0]] == "available"
+        assert server.http.post(f"{server.url}/models/nothing@any").status_code == 404
         with pytest.raises(ClientError, match="default model"):
             client.unload(DEFAULT)
         # Ollama's keep_alive per request: a bad one is a 400; "1s" unloads the model once idle that long
