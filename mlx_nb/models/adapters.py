@@ -31,6 +31,7 @@ class Adapter:
     scale: float
     pairs: dict = field(default_factory=dict)  # projection path -> (lora_a, lora_b)
     base_model: str = ""  # the model it was trained on, as its config names it
+    held: int = 0  # bytes held once applied: its pairs and the joined pairs the projections use
 
     @property
     def rank(self) -> int:
@@ -38,7 +39,8 @@ class Adapter:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.pairs.values())
+        """What it holds: once applied, its pairs and the joined pairs (models/lora.py); before, its pairs."""
+        return self.held or sum(a.nbytes + b.nbytes for a, b in self.pairs.values())
 
     def describe(self) -> dict:
         return {"name": self.name, "path": self.path, "rank": self.rank, "scale": self.scale,

@@ -72,7 +72,7 @@ class LoRAProjection(nn.Module):
         object.__setattr__(self, "pairs", {})  # adapter name -> (A, B) over every slice it adapts
 
     def add(self, name: str, scale: float, start: int, stop: int, a: mx.array, b: mx.array) -> None:
-        scale_, parts = self.terms.setdefault(name, (scale, []))
+        parts = self.terms.setdefault(name, (scale, []))[1]
         parts.append((start, stop, a, b))
         parts.sort(key=lambda p: p[0])
         self.pairs[name] = self._joined(name, parts)
@@ -189,12 +189,16 @@ def install(model: nn.Module, router: LoRARouter, adapter: Adapter) -> None:
                                f"{stop - start} outputs, its pair maps {a.shape[0]} to {b.shape[1]} (an adapter "
                                "trained on another model?)")
         plan.append((parent, attr, start, stop, a, b))
+    touched = {}
     for parent, attr, start, stop, a, b in plan:
         current = parent[attr]
         if not isinstance(current, LoRAProjection):
             current = LoRAProjection(current, router, _dims(current)[1])
             setattr(parent, attr, current)
         current.add(adapter.name, adapter.scale, start, stop, a, b)
+        touched[id(current)] = current
+    joined = sum(a.nbytes + b.nbytes for m in touched.values() for a, b in [m.pairs[adapter.name]])
+    adapter.held = adapter.nbytes + joined  # what the memory budget counts
     router.adapters[adapter.name] = adapter
 
 

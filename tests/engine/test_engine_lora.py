@@ -176,6 +176,12 @@ def test_adapters_load_and_unload_at_runtime_and_bad_ones_are_refused(llama_adap
             engine.submit(prompt=text, adapter="every")
         info = engine.load_adapter("every", str(adapters["every"]))
         assert (info["rank"], info["scale"], info["projections"]) == (4, 8.0, 14)
+        from safetensors.numpy import load_file
+
+        raw = sum(v.nbytes for v in load_file(str(adapters["every"] / "adapters.safetensors")).values())
+        joined = sum(a.nbytes + b.nbytes for _, m in engine.loaded.model.named_modules()
+                     if isinstance(m, LoRAProjection) for a, b in m.pairs.values())
+        assert info["bytes"] == engine.adapter_bytes == raw + joined  # what the budget counts is what is held
         assert [a["name"] for a in engine.status()["adapters"]] == ["every"]
         adapted = engine.submit(prompt=text, max_tokens=MAX_TOKENS, adapter="every").result(timeout=60).token_ids
         assert adapted != plain
