@@ -108,14 +108,13 @@ class _Embedded:
         spec = split_adapter(model)[1]
         if spec is None:
             return None
-        path = Path(spec).expanduser()
         name = adapter_name(spec)
         with _ENGINES_LOCK:  # two chats naming it at once read it once
             if name not in {a["name"] for a in eng.adapters()}:
-                if not is_adapter_dir(path):
+                if not is_adapter_dir(Path(spec).expanduser()):  # a name: it had to be loaded already
                     raise ClientError(f"{spec} is neither an adapter loaded on {eng.model_name} nor an mlx_lm adapter "
                                       "folder (adapter_config.json + adapters.safetensors): name its folder")
-                eng.load_adapter(name, str(path))
+                eng.load_adapter(name, spec)
         return name
 
     def open(self, st: ChatStream, messages: list, params: dict, wait: LoadWait):

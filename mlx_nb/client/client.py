@@ -103,8 +103,10 @@ class Client:
         engine of this process. What the backend says it did."""
         if not self.embedded:
             return self._backend.send("DELETE", f"models/{model}", timeout=60.0)
+        from mlx_nb.engine.registry import split_adapter
+
         if "@" in model:  # an adapter: taken off its model's engine
-            engine, name = self._backend.engine(model), backends.adapter_name(model.rpartition("@")[2])
+            engine, name = self._backend.engine(model), backends.adapter_name(split_adapter(model)[1])
             loaded = engine.ready and name in {a["name"] for a in engine.adapters()}
             if loaded:
                 engine.unload_adapter(name)

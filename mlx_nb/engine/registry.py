@@ -58,8 +58,7 @@ def entries_from(specs: list[str]) -> dict[str, str]:
     models: `adapters_from` reads them from the same specs."""
     out: dict[str, str] = {}
     for spec in specs:
-        name, _, source = spec.partition("=") if "=" in spec else ("", "", spec)
-        path = Path(source).expanduser()
+        name, source, path = _named(spec)
         if is_adapter_dir(path):
             continue
         if not name and path.is_dir() and not (path / "config.json").is_file():
@@ -73,13 +72,18 @@ def entries_from(specs: list[str]) -> dict[str, str]:
     return out
 
 
+def _named(spec: str) -> tuple[str, str, Path]:
+    """A `name=source` or bare `source` spec: (name or "", source, its path)."""
+    name, _, source = spec.partition("=") if "=" in spec else ("", "", spec)
+    return name, source, Path(source).expanduser()
+
+
 def adapters_from(specs: list[str]) -> dict[str, str]:
     """The mlx_lm LoRA adapter folders among `specs` (`name=folder`, a folder named by itself, or
     a folder holding adapter folders) -> {name: folder}. Requests name one as `model@adapter`."""
     out: dict[str, str] = {}
     for spec in specs:
-        name, _, source = spec.partition("=") if "=" in spec else ("", "", spec)
-        path = Path(source).expanduser()
+        name, _, path = _named(spec)
         if is_adapter_dir(path):
             out[(name or path.name).strip()] = str(path)
         elif not name and path.is_dir():
