@@ -5,14 +5,16 @@ while no Engine is running (MLX is touched by one thread at a time)."""
 from __future__ import annotations
 
 
-def greedy_alone(loaded, prompt_tokens: list[int], max_tokens: int) -> list[int]:
-    """The greedy tokens for `prompt_tokens` alone, up to and including an end-of-sequence token."""
+def greedy_alone(loaded, prompt_tokens: list[int], max_tokens: int, cache=None) -> list[int]:
+    """The greedy tokens for `prompt_tokens` alone, up to and including an end-of-sequence token
+    (starting from the `cache` list given, e.g. mlx_lm's quantized KV caches, else a fresh one)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
     eos = set(loaded.tokenizer.eos_token_ids)
     out = []
-    for token, _ in generate_step(mx.array(prompt_tokens), loaded.model, max_tokens=max_tokens):
+    for token, _ in generate_step(mx.array(prompt_tokens), loaded.model, max_tokens=max_tokens,
+                                      prompt_cache=cache):
         token = int(token)
         out.append(token)
         if token in eos:
@@ -20,7 +22,7 @@ def greedy_alone(loaded, prompt_tokens: list[int], max_tokens: int) -> list[int]
     return out
 
 
-def reply_tokens(loaded, prompt_tokens: list[int], max_tokens: int) -> list[int]:
+def reply_tokens(loaded, prompt_tokens: list[int], max_tokens: int, cache=None) -> list[int]:
     """What the engine's Result.token_ids must hold: the greedy tokens without the stop token."""
     eos = set(loaded.tokenizer.eos_token_ids)
-    return [t for t in greedy_alone(loaded, prompt_tokens, max_tokens) if t not in eos]
+    return [t for t in greedy_alone(loaded, prompt_tokens, max_tokens, cache) if t not in eos]

@@ -22,6 +22,7 @@ from mlx_nb.engine.events import EventLog, prompt_snippet
 from mlx_nb.engine.fim import fim_format, fim_prompt
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
+from mlx_nb.engine.kv_quant import KVQuantization
 from mlx_nb.models.cache_layout import describe_layers
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.loop import EngineClosedError, EngineLoop
@@ -87,6 +88,8 @@ class Engine(PrefixCacheControls, AdapterControls):
         batch_policy: Optional[str] = None,
         quantize: Optional[int] = None,
         speculation: bool = True,
+        kv_bits: Optional[int] = None,
+        kv_group_size: int = 64,
         wait: bool = False,
     ):
         from mlx_nb.models.sources import DEFAULT_MODEL
@@ -95,8 +98,12 @@ class Engine(PrefixCacheControls, AdapterControls):
         # prefill_budget_s: while rows decode, prompt chunks are sized so a step takes about this
         # long (None: always prefill_step_size tokens), so long prompts don't stall running streams.
         # speculation: greedy rows of a small batch verify prompt-lookup guesses (engine/speculation.py)
+        # kv_bits (8 or 4): each request's keys and values quantized, rows of the shared batch all the
+        # same (engine/kv_quant.py); a model that cannot read them keeps float ones, and status() says why.
+        KVQuantization.parse(kv_bits, kv_group_size)  # a wrong setting is refused here, in one line
         self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size,
-                            prefill_budget_s=prefill_budget_s, speculation=speculation)
+                            prefill_budget_s=prefill_budget_s, speculation=speculation, kv_bits=kv_bits or None,
+                            kv_group_size=kv_group_size)
         self.event_log = EventLog(event_capacity)
         self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)
             roots=image_roots if image_roots is not None else [os.getcwd()],
@@ -451,11 +458,20 @@ class Engine(PrefixCacheControls, AdapterControls):
             "tokens_per_s": runner.generated_tokens / uptime if uptime else 0.0,
             "memory": self._loop.memory.status(runner.prefix),
             "options": dict(self.options),
+            # the KV cache's format: float, or quantized (bits, group size); and why float when asked otherwise
+            "kv_cache": self._kv_status(),
             "prefix_cache": runner.prefix.status() if runner.prefix is not None else {"enabled": False},
             "adapters": self._adapters_on_thread(),
             "speculation": runner.speculation.status() if runner.speculation is not None else None,
             "requests": requests,
         }
+
+    def _kv_status(self) -> dict:
+        kv, note = self._loop.kv, self._loop.kv_note
+        out = {"bits": None, "group_size": None} if kv is None else {"bits": kv.bits, "group_size": kv.group_size}
+        if note:
+            out["note"] = note
+        return out
 
     def cache_layout(self, request_id: Optional[str] = None) -> dict:
         """Per layer: cache class (nested for CacheList), offset, shapes, dtype, bytes, trimmable; and the
@@ -464,7 +480,8 @@ class Engine(PrefixCacheControls, AdapterControls):
 
         def read():
             prefix = self._loop.runner.prefix
-            layers = (describe_layers(self.loaded.make_cache()) if request_id is None
+            fresh = self.loaded.make_cache() if self._loop.kv is None else self._loop.kv.convert(self.loaded.make_cache())
+            layers = (describe_layers(fresh) if request_id is None
                       else self._loop.runner.request_layout(request_id))
             return layers, (prefix.status() if prefix is not None else {"enabled": False})
 

@@ -85,6 +85,7 @@ class EngineLoop:
         self.runner = None
         self.prefills = None  # a vision model's requests waiting for or in their prefill (VisionPrefills)
         self.memory = None  # MemoryPolicy, set at load
+        self.kv, self.kv_note = None, None  # the KV quantization in use, and why not if one was asked for
         self.snapshots = False  # set at load: whether prompts are cut at segment ends for prefix snapshots
         self.runtime: Optional[dict] = None  # read on the engine thread: it asks MLX for the device
         self.thread: Optional[threading.Thread] = None
@@ -131,6 +132,7 @@ class EngineLoop:
 
     def _load(self) -> None:
         from mlx_nb.engine.batchability import after_check, needs_check, policy_for, refusal
+        from mlx_nb.engine.kv_quant import kv_setting
         from mlx_nb.engine.layout import always_trimmable
         from mlx_nb.engine.memory import MemoryPolicy
         from mlx_nb.engine.prefix import PrefixCache
@@ -151,6 +153,10 @@ class EngineLoop:
             raise ModelLoadError(refusal(self.model_name, self.policy))
         self.loaded = loaded
         self.memory = MemoryPolicy(loaded, **self.memory_options)
+        runner_options = {k: v for k, v in self.options.items() if k not in ("kv_bits", "kv_group_size")}
+        self.kv, self.kv_note = kv_setting(loaded, self.options.get("kv_bits"), self.options.get("kv_group_size", 64))
+        if self.kv_note:
+            log.warning("mlx_nb: %s: KV cache stays float: %s", self.model_name, self.kv_note)
         # Snapshots at segment ends (system prompt, conversation before the reply) are how a model
         # whose cache can't be cut back (SSM state, a wrapped window) finds the next turn's prefix.
         # Plain KV caches are trimmed back from any stored entry instead: no snapshot (each one is
@@ -162,7 +168,8 @@ class EngineLoop:
         if reuse:
             budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
             prefix = PrefixCache(self.model_name, budget, disk=self._disk_store(loaded))
-        self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, **self.options)
+        self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, kv=self.kv,
+                                  **runner_options)
         if loaded.kind == "vision" and self.policy.mode != "sequential":  # else the lane reads the images
             from mlx_nb.engine.vision_prefill import VisionPrefills
 
@@ -175,13 +182,16 @@ class EngineLoop:
         if not folder:
             return None
         from mlx_nb.engine.batch_probe import fingerprint
+        from mlx_nb.engine.kv_quant import upstream_form
         from mlx_nb.engine.prefix_disk import DiskPrefixStore, layer_classes
 
-        classes = layer_classes(loaded.make_cache())
+        fresh = loaded.make_cache() if self.kv is None else upstream_form(self.kv.convert(loaded.make_cache()))
+        classes = layer_classes(fresh)
         if classes is None:  # a cache mlx_lm cannot rebuild from a file (a vision model's own class)
             log.info("mlx_nb: %s's cache cannot be saved to disk; its prefix cache stays in memory", self.model_name)
             return None
-        return DiskPrefixStore(folder, fingerprint(loaded), classes, self.prefix_options.get("disk_bytes"))
+        mark = fingerprint(loaded) + ("" if self.kv is None else "-" + self.kv.label)  # float and quantized apart
+        return DiskPrefixStore(folder, mark, classes, self.prefix_options.get("disk_bytes"), kv=self.kv)
 
     def _spill(self) -> bool:
         """Idle: write one prefix-cache entry to disk; whether there may be more."""

@@ -45,7 +45,8 @@ def owned(cache: list) -> list:
 
 def _own_layer(cache: Any, out: list) -> None:
     import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
+    from mlx.utils import tree_map
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     def own(a):
         if a is None or not isinstance(a, mx.array):
@@ -60,10 +61,12 @@ def _own_layer(cache: Any, out: list) -> None:
             _own_layer(member, out)
     elif isinstance(getattr(cache, "cache", None), list):  # ArraysCache: SSM / conv state
         cache.cache = [own(a) for a in cache.cache]
-    elif hasattr(cache, "keys") and not callable(cache.keys):  # KV-style caches
-        if isinstance(cache, KVCache) and cache.keys is not None and cache.offset < cache.keys.shape[2]:
-            cache.keys, cache.values = cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
-        cache.keys, cache.values = own(cache.keys), own(cache.values)
+    elif hasattr(cache, "keys") and not callable(cache.keys):  # KV-style caches (a quantized one's are triples)
+        if isinstance(cache, (KVCache, QuantizedKVCache)) and cache.keys is not None:
+            n = cache.offset
+            cache.keys, cache.values = tree_map(lambda a: a[..., :n, :] if a.shape[2] > n else a,
+                                                (cache.keys, cache.values))
+        cache.keys, cache.values = tree_map(own, (cache.keys, cache.values))
     else:  # anything else that keeps its arrays in `state` (e.g. the vision rope-delta cache)
         cache.state = [own(a) for a in cache.state]
 

@@ -183,8 +183,9 @@ class DiskPrefixStore:
     """The entries of one model's folder: looked up by token prefix, read and written on the engine thread."""
 
     def __init__(self, root: Path, fingerprint: str, classes: list, max_bytes: Optional[int] = None,
-                 min_tokens: int = 128):
+                 min_tokens: int = 128, kv=None):
         self.fingerprint = fingerprint
+        self.kv = kv  # a KVQuantization: entries are quantized caches, written as mlx_lm's QuantizedKVCache
         self.folder = Path(root).expanduser() / fingerprint
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.classes = classes  # a fresh cache's layer classes: a loaded entry must have these
@@ -284,6 +285,8 @@ class DiskPrefixStore:
             if any(size != entry.length for size in _sizes(cache)):
                 raise BadEntry("its layers do not hold the tokens it names", broken=True)
             mx.eval([a for layer in cache for a in _arrays(layer)])
+            if self.kv is not None:
+                cache = self.kv.convert(cache)  # mlx_lm's QuantizedKVCache -> ours, which batches
         except (OSError, BadEntry) as exc:
             self._ignore(entry.path, exc)
             return None
@@ -306,6 +309,9 @@ class DiskPrefixStore:
         """Save one cache holding `tokens`; False if it is too short, already there or not savable."""
         from mlx_lm.models.cache import can_trim_prompt_cache, save_prompt_cache
 
+        from mlx_nb.engine.kv_quant import upstream_form
+
+        cache = upstream_form(cache)
         if len(tokens) < self.min_tokens or layer_classes(cache) != self.classes:
             return False
         if sum(layer.nbytes for layer in cache) > self.max_bytes:

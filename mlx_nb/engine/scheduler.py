@@ -43,8 +43,10 @@ class BatchRunner:
         prefix=None,
         policy=None,
         speculation: bool = True,
+        kv=None,
     ):
         self.loaded = loaded
+        self.kv = kv  # a KVQuantization: each request's plain KV layers quantized (engine/kv_quant.py)
         self.prefix = prefix  # a PrefixCache, or None when reuse is off
         self.events = events
         self.max_batch = max_batch
@@ -78,7 +80,7 @@ class BatchRunner:
 
         eos = sorted(getattr(self.loaded.tokenizer, "eos_token_ids", []) or [])
         if self.sequential:
-            return SequentialGenerator(self.loaded, stop_tokens=[[t] for t in eos])
+            return SequentialGenerator(self.loaded, stop_tokens=[[t] for t in eos], kv=self.kv)
         return Generator(
             self.loaded.model,
             speculation=self.speculation,
@@ -120,6 +122,8 @@ class BatchRunner:
             live.extra["prefix_hit"] = kind
             if hit is not None:
                 caches, all_tokens, live.cached_tokens = hit, prompt[:cached], cached
+        if self.kv is not None and not self.sequential:  # a fresh cache, a prefix hit or a vision prefill's
+            caches = self.kv.convert(caches if caches is not None else self.loaded.make_cache())
         start = len(all_tokens or [])
         # Segment ends (system prompt, conversation before the reply) become prefix-cache snapshots.
         cuts = [b for b in live.extra.get("boundaries", ()) if b > start] if self._reuses_prefix(live) else []

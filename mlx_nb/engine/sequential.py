@@ -63,13 +63,14 @@ class Job:
 class SequentialGenerator:
     """One request at a time through `generate_step`, behind BatchGenerator's calls."""
 
-    def __init__(self, loaded, stop_tokens: list[list[int]]):
+    def __init__(self, loaded, stop_tokens: list[list[int]], kv=None):
         import inspect
 
         from mlx_lm.generate import generate_step
 
         self.loaded = loaded
         self.model = loaded.model
+        self.kv = kv  # a KVQuantization: the text requests' plain KV layers quantized (engine/kv_quant.py)
         self.stop = {t for seq in stop_tokens for t in seq if len(seq) == 1}
         self.prefill_step_size = inspect.signature(generate_step).parameters["prefill_step_size"].default
         self.queue: deque[Job] = deque()
@@ -124,6 +125,8 @@ class SequentialGenerator:
         from mlx_lm.models.cache import make_prompt_cache
 
         job.cache = make_prompt_cache(self.model)
+        if self.kv is not None:
+            job.cache = self.kv.convert(job.cache)
         job.tokens = list(job.prompt)
 
     def _start_vision(self, job: Job) -> tuple[list, list]:

@@ -2,7 +2,7 @@
 
 `decode.py` subclasses mlx_lm's batch classes and overrides private methods (`GenerationBatch._step` / `next`,
 `PromptProcessingBatch.split` / `generate` / `prompt`, `BatchGenerator._make_batch`) and reads private
-attributes of theirs. pyproject.toml pins mlx-lm exactly; this table is what an upgrade must keep.
+attributes of theirs; `kv_quant.py` subclasses `BatchKVCache` and keeps its private bookkeeping. pyproject.toml pins mlx-lm exactly; this table is what an upgrade must keep.
 `check()` compares each entry with what is installed and returns the differences, one line each;
 the engine calls it before it builds a batch (`require()`), so a changed mlx_lm fails at once with
 what changed and what to do, never deep inside a decode step.
@@ -53,6 +53,16 @@ PRIVATE_API = (
             "PromptBatch empties the same per-row fields"),
     Private("mlx_lm.generate:BatchGenerator._make_batch", ("self", "n"),
             "Generator counts the prompt batch's rows against max_batch"),
+    Private("mlx_lm.generate:_merge_caches", ("caches",),
+            "requests' caches join a batch through their first layer's merge (QuantizedKV.merge)"),
+    Private("mlx_lm.models.cache:BatchKVCache.__init__", ("self", "left_padding"),
+            "BatchQuantizedKV is a BatchKVCache over quantized arrays"),
+    Private("mlx_lm.models.cache:BatchKVCache.prepare", ("self", "left_padding", "lengths", "right_padding"),
+            "BatchQuantizedKV keeps its padding bookkeeping and rolls the arrays it sets"),
+    Private("mlx_lm.models.cache:dynamic_roll", ("x", "shifts", "axis"), "BatchQuantizedKV.finalize"),
+    Private("mlx_lm.models.base:quantized_scaled_dot_product_attention",
+            ("queries", "q_keys", "q_values", "scale", "mask", "group_size", "bits"),
+            "the fused attention reads a quantized cache as mlx_lm's models do"),
 )
 
 # Attributes read or written on mlx_lm's objects (checked on real instances by the tests).
@@ -64,6 +74,7 @@ INSTANCE_ATTRIBUTES = {
                               "logits_processors", "stop_sequences", "max_tokens", "prefill_step_size"),
     "BatchGenerator": ("_prompt_batch", "_generation_batch", "completion_batch_size", "sampler", "model",
                        "prefill_step_size"),
+    "BatchKVCache": ("keys", "values", "offset", "left_padding", "_idx", "_right_padding"),
 }
 
 

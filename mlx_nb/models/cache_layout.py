@@ -17,7 +17,10 @@ def is_trimmable(cache: Any) -> bool:
 
 def _arrays(cache: Any) -> list:
     if hasattr(cache, "keys") and hasattr(cache, "values") and not callable(getattr(cache, "keys")):
-        return [a for a in (cache.keys, cache.values) if a is not None]
+        out = []
+        for a in (cache.keys, cache.values):  # a quantized cache's are (words, scales, biases) triples
+            out.extend(a if isinstance(a, tuple) else [] if a is None else [a])
+        return out
     inner = getattr(cache, "cache", None)
     if isinstance(inner, list):
         return [a for a in inner if a is not None]
@@ -111,6 +114,8 @@ def describe(cache: Any) -> dict:
     }
     if hasattr(cache, "max_size"):
         info["window"] = cache.max_size
+    if isinstance(getattr(cache, "bits", None), int):  # a quantized KV cache: its words, scales and biases
+        info["bits"], info["group_size"] = cache.bits, cache.group_size
     try:
         info["batch"] = rows(cache)
     except Exception:  # a cache class this drawing does not know: the other fields still stand
