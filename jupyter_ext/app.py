@@ -16,7 +16,7 @@ from typing import Any, Optional
 from jupyter_core.application import base_aliases
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
-from traitlets import Bool, Dict, Float, Int, List, Unicode, default
+from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 
 from jupyter_ext import control, handlers, metrics, monitor
 from jupyter_ext.headless import ModelServerApp
@@ -88,6 +88,17 @@ class MLXExtension(ExtensionApp):
     speculation = Bool(
         True, help="Greedy rows of a small batch verify prompt-lookup guesses (tokens that repeat what the "
         "conversation holds), when the measured step times say it pays; the tokens are the same either way.",
+    ).tag(config=True)
+    kv_bits = Int(
+        None, allow_none=True,
+        help="Quantize each request's keys and values to 8 or 4 bits (None: float): half the KV memory or less, "
+        "rows still batched. A model that cannot hold them keeps float ones and its status says why.",
+    ).tag(config=True)
+    kv_group_size = Int(64, help="Values sharing one scale and bias in the quantized KV cache: 32, 64 or 128.").tag(
+        config=True)
+    model_kv_bits = Dict(
+        value_trait=Int(),
+        help="Per model, as requests name it or by its source: 8, 4 or 0 (float), over kv_bits for that model.",
     ).tag(config=True)
     max_batch = Int(32, help="Most requests decoded together in one batch.").tag(config=True)
     prefill_batch = Int(
@@ -236,7 +247,7 @@ class MLXExtension(ExtensionApp):
         if self.engine is None:
             from mlx_nb.engine import Engine
 
-            self.engine = Engine(self.model, wait=False, **self.engine_options())
+            self.engine = Engine(self.model, wait=False, **self.engine_options(self.model))
             self.registry.pin(self.model, self.engine)
         return self.engine
 
@@ -248,7 +259,8 @@ class MLXExtension(ExtensionApp):
         def make_engine(source: str):
             from mlx_nb.engine import Engine
 
-            return Engine(source, wait=False, **self.engine_options())
+            names = [source, *(n for n, s in entries.items() if s == source)]
+            return Engine(source, wait=False, **self.engine_options(*names))
 
         def prefix_bytes(engine) -> int:
             held = engine.prefix_budget_bytes if engine is not None else None
@@ -312,9 +324,29 @@ class MLXExtension(ExtensionApp):
         names += [n for n in self.registry.names() if n not in names]
         return names + [f"{self.model}@{a}" for a in self.registry.adapters]  # on any model above: name@adapter
 
-    def engine_options(self) -> dict:
-        """The Engine's keyword arguments, from this extension's config."""
+    @validate("kv_bits", "kv_group_size", "model_kv_bits")
+    def _valid_kv(self, proposal):
+        from mlx_nb.engine.kv_quant import KVQuantization
+
+        value, name = proposal["value"], proposal["trait"].name
+        settings = {"kv_bits": lambda: [(value, self.kv_group_size)], "kv_group_size": lambda: [(8, value)],
+                    "model_kv_bits": lambda: [(b, self.kv_group_size) for b in value.values()]}[name]()
+        try:
+            for bits, group in settings:
+                KVQuantization.parse(bits, group)
+        except ValueError as exc:
+            raise TraitError(f"MLXExtension.{name}: {exc}") from None
+        return value
+
+    def engine_options(self, *names: str) -> dict:
+        """The Engine's keyword arguments, from this extension's config; `names` (a model's name and
+        source) pick its own entry of model_kv_bits."""
+        kv_bits = self.kv_bits
+        for name in names:
+            kv_bits = self.model_kv_bits.get(name, kv_bits)
         return dict(
+            kv_bits=kv_bits or None,
+            kv_group_size=self.kv_group_size,
             quantize=self.quantize,
             speculation=self.speculation,
             max_batch=self.max_batch,

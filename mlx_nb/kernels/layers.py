@@ -315,20 +315,12 @@ class Attention(nn.Module):
                                     scale=r.scale, offset=offset, freqs=r.get("_freqs"))
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        if isinstance(getattr(cache, "bits", None), int):  # quantized keys and values (engine/kv_quant.py)
-            return quantized_attention(q, k, v, self.scale, mask, cache.group_size, cache.bits)
         causal = isinstance(mask, str) and mask == "causal"
-        return native().attention(q, k, v, scale=self.scale, causal=causal, mask=None if isinstance(mask, str) else mask)
-
-
-def quantized_attention(q: mx.array, k: tuple, v: tuple, scale: float, mask, group_size: int, bits: int) -> mx.array:
-    """Attention over a quantized KV cache's (words, scales, biases), as mlx_lm's attention reads them,
-    returned as [B, L, heads * D] like the native kernel's."""
-    from mlx_lm.models.base import quantized_scaled_dot_product_attention
-
-    out = quantized_scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, group_size=group_size, bits=bits)
-    B, H, L, D = out.shape
-    return out.transpose(0, 2, 1, 3).reshape(B, L, H * D)
+        mask = None if isinstance(mask, str) else mask
+        if isinstance(getattr(cache, "bits", None), int):  # quantized keys and values (engine/kv_quant.py)
+            return native().quantized_attention(q, *k, *v, scale=self.scale, bits=cache.bits,
+                                                group_size=cache.group_size, causal=causal, mask=mask)
+        return native().attention(q, k, v, scale=self.scale, causal=causal, mask=mask)
 
 
 class Block(nn.Module):

@@ -87,6 +87,7 @@ def status_table(status: dict, backend: str) -> Table:
         ["batching", f"{policy['mode']} ({policy['source']}): {policy['reason']}" if policy else None],
         ["CPU kernels", kernels_line(status)],
         ["weights", weights_line(status.get("weights"))],
+        ["KV cache", _kv_line(status.get("kv_cache"))],
         ["sampling defaults", _sampling_line(status.get("sampling_defaults"))],
         ["batch size (peak)", f"{status.get('batch_size', 0)} ({status.get('peak_batch_size', '-')})"],
         ["queued / prefilling", f"{status.get('queue_length', 0)} / {status.get('prefilling', 0)}"],
@@ -104,7 +105,18 @@ def status_table(status: dict, backend: str) -> Table:
     return Table(["", ""], rows, title="mlx engine status", note=note)
 
 
+def _kv_line(kv: Optional[dict]) -> Optional[str]:
+    """'8-bit keys and values (groups of 64)', 'float', or float with why a setting asked for does not apply."""
+    if not kv:
+        return None
+    if kv.get("bits"):
+        return f"{kv['bits']}-bit keys and values (groups of {kv['group_size']})"
+    return "float" + (f" ({kv['note']})" if kv.get("note") else "")
+
+
 def _layer_row(layer: dict) -> list:
+    if layer.get("bits"):  # a quantized KV layer: its arrays are words, scales and biases
+        layer = {**layer, "dtype": f"{layer['bits']}-bit"}
     if layer.get("type") == "CacheList":
         members = layer.get("members") or []
         kind = "CacheList[" + ", ".join(m.get("type", "?") for m in members) + "]"

@@ -20,6 +20,7 @@ from mlx_nb.compat.configs import write_tiny
 from mlx_nb.compat.reference import reply_tokens
 from mlx_nb.engine.kv_quant import BatchQuantizedKV, KVQuantization, QuantizedKV
 from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.magics.tables import cache_table, status_table
 from mlx_nb.models import load_model
 
 WIDE = {"head_dim": 32, "hidden_size": 128}  # heads of 32: the smallest group MLX quantizes
@@ -68,6 +69,8 @@ def test_quantized_rows_in_one_batch_equal_mlx_lm_alone(arch, seed, bits, tmp_pa
         _waves(engine, loaded, texts, budgets, bits)
         layers = engine.cache_layout()["layers"]
         assert {layer["type"] for layer in layers} == {"QuantizedKV"} and {layer["bits"] for layer in layers} == {bits}
+        assert f"{bits}-bit keys and values (groups of {GROUP})" in repr(status_table(engine.status(), "engine"))
+        assert f"{bits}-bit" in repr(cache_table(engine.cache_layout()))
         hits = engine.status()["prefix_cache"]["hits"]
         assert hits["trimmed"] + hits["exact"] + hits["shorter"] >= 1, hits
 
@@ -101,6 +104,7 @@ def test_a_setting_the_model_cannot_hold_keeps_float_and_says_why(tmp_path):
     with Engine(str(path), wait=True, kv_bits=8, kv_group_size=32) as engine:
         kv = engine.status()["kv_cache"]
         assert kv["bits"] is None and "does not divide the head size 16" in kv["note"]
+        assert "float (kv_group_size 32 does not divide" in repr(status_table(engine.status(), "engine"))
         assert engine.submit(prompt="1 2 3 4", max_tokens=6).result(timeout=60).token_ids == \
             reply_tokens(loaded, prompt, 6)
     for bad, field in ((3, "kv_bits"), (8.5, "kv_bits")):

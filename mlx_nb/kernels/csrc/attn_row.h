@@ -21,15 +21,17 @@ inline float dot_row(const float* q, const float* k, int64_t D) {
   return s;
 }
 
-// out[d] = sum over keys j in order of p[j] * v_j[d] (keys with p[j] == 0, masked or underflowed,
-// skipped), with the sums held in registers across keys, four vectors of d at a time.
+// out[d] += sum over keys j < n in order of p[j] * v_j[d] (keys with p[j] == 0, masked or underflowed,
+// skipped; value j at v + j * vs), with the sums held in registers across keys, four vectors of d at a
+// time, starting from out's running sums (a float in a register and in memory are the same value).
 template <class V>
-inline void weighted_sum(const float* p, int64_t limit, const float* v, int64_t vs, int64_t D, float* out) {
+inline void accumulate(const float* p, int64_t n, const float* v, int64_t vs, int64_t D, float* out) {
   using R = typename V::reg;
   int64_t d = 0;
   for (; d + 4 * V::W <= D; d += 4 * V::W) {
-    R a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
-    for (int64_t j = 0; j < limit; ++j) {
+    R a0 = V::load(out + d), a1 = V::load(out + d + V::W), a2 = V::load(out + d + 2 * V::W),
+      a3 = V::load(out + d + 3 * V::W);
+    for (int64_t j = 0; j < n; ++j) {
       if (p[j] == 0.0f) continue;
       const R pv = V::set1(p[j]);
       const float* vj = v + j * vs + d;
@@ -42,14 +44,14 @@ inline void weighted_sum(const float* p, int64_t limit, const float* v, int64_t 
     V::store(out + d + 3 * V::W, a3);
   }
   for (; d + V::W <= D; d += V::W) {
-    R acc = V::zero();
-    for (int64_t j = 0; j < limit; ++j)
+    R acc = V::load(out + d);
+    for (int64_t j = 0; j < n; ++j)
       if (p[j] != 0.0f) acc = V::fmadd(V::set1(p[j]), V::load(v + j * vs + d), acc);
     V::store(out + d, acc);
   }
   for (; d < D; ++d) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < limit; ++j)
+    float acc = out[d];
+    for (int64_t j = 0; j < n; ++j)
       if (p[j] != 0.0f) acc = std::fma(p[j], v[j * vs + d], acc);
     out[d] = acc;
   }
@@ -84,7 +86,8 @@ void attn_row_t(const AttnRow& a) {
              -INFINITY);
   float sum = 0.0f;
   for (j = 0; j < a.limit; ++j) sum += a.scores[j];  // masked keys add exact zeros
-  weighted_sum<V>(a.scores, a.limit, a.v, a.v_stride, a.D, a.out);
+  for (int64_t d = 0; d < a.D; ++d) a.out[d] = 0.0f;
+  accumulate<V>(a.scores, a.limit, a.v, a.v_stride, a.D, a.out);
   const float inv = 1.0f / sum;
   for (int64_t d = 0; d < a.D; ++d) a.out[d] *= inv;
 }

@@ -39,6 +39,10 @@ NB_MODULE(_native, m) {
   m.def("qkv_rope", &mlxnb::qkv_rope, "qkv"_a, nb::kw_only(), "heads"_a, "kv_heads"_a, "head_dim"_a, "dims"_a,
         "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a, "freqs"_a = nb::none(), "stream"_a = nb::none(),
         "Split a fused q/k/v projection into heads, RoPE on q and k.");
+  m.def("quantized_attention", &mlxnb::quantized_attention, "q"_a, "kw"_a, "ks"_a, "kb"_a, "vw"_a, "vs"_a, "vb"_a,
+        nb::kw_only(), "scale"_a, "bits"_a, "group_size"_a, "causal"_a = false, "mask"_a = nb::none(),
+        "stream"_a = nb::none(),
+        "Scaled dot-product attention over MLX-quantized keys and values; returns [B, L, H * D].");
   m.def("attention", &mlxnb::attention, "q"_a, "k"_a, "v"_a, nb::kw_only(), "scale"_a, "causal"_a = false,
         "mask"_a = nb::none(), "stream"_a = nb::none(), "Scaled dot-product attention; returns [B, L, H * D].");
   m.def("silu_mul", &mlxnb::silu_mul, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(), "silu(gate) * up");

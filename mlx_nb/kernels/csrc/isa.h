@@ -87,6 +87,29 @@ struct AttnRow {
   float* out;              // [D]
 };
 
+// The query rows of one batch row and one KV head over a quantized cache (qattn_block.h): keys and
+// values as MLX's affine quantization, key j's words at kw + j * kw_stride and its group scales and
+// biases at ks / kb + j * ks_stride (values likewise). Row r reads keys 0 .. limit[r] - 1, through its
+// own mask if it has one, and writes D floats at out[r].
+struct QAttnBlock {
+  const float* const* q;           // [rows] -> [D]
+  float* const* out;               // [rows] -> [D]
+  const int64_t* limit;            // [rows]
+  const float* const* add_mask;    // [rows] -> additive mask entries (stride mask_stride), or nulls
+  const uint8_t* const* keep;      // [rows] -> boolean mask entries, or nulls
+  int64_t mask_stride;
+  int64_t rows, D;
+  const uint32_t* kw;
+  const float* ks;
+  const float* kb;
+  const uint32_t* vw;
+  const float* vs;
+  const float* vb;
+  int64_t kw_stride, ks_stride, vw_stride, vs_stride;
+  int bits, group;
+  float scale;
+};
+
 struct Isa {
   const char* name;
   // x [rows][K] -> the QActs arrays for `rows` rows (K a multiple of 32; q holds digits * K per row).
@@ -106,6 +129,8 @@ struct Isa {
   void (*sub_scalar)(const float* x, float c, float* y, int64_t n);
   // One query row of attention (see AttnRow).
   void (*attn_row)(const struct AttnRow& a);
+  // One block of attention over a quantized cache (see QAttnBlock).
+  void (*qattn_block)(const struct QAttnBlock& a);
 };
 
 extern const Isa kPortable;

@@ -8,6 +8,7 @@
 
 #include "isa.h"
 #include "attn_row.h"
+#include "qattn_block.h"
 #include "elementwise.h"
 
 namespace mlxnb {
@@ -323,6 +324,6 @@ struct Vec {
 }  // namespace
 
 const Isa kAvx512 = {"avx512", quantize_rows, qgemm, vexp_t<Vec>, silu_mul_t<Vec>, rms_norm_t<Vec>,
-                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_row_t<Vec>};
+                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_row_t<Vec>, qattn_block_t<Vec>};
 
 }  // namespace mlxnb

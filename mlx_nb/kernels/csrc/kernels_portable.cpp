@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "attn_row.h"
+#include "qattn_block.h"
 #include "isa.h"
 
 namespace mlxnb {
@@ -139,7 +140,7 @@ struct Scalar {
 }  // namespace
 
 const Isa kPortable = {"portable", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar,
-                       attn_row_t<Scalar>};
+                       attn_row_t<Scalar>, qattn_block_t<Scalar>};
 
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;

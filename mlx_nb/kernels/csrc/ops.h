@@ -48,6 +48,11 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
 std::vector<mx::array> qkv_rope(const mx::array& qkv, int heads, int kv_heads, int head_dim, int dims, bool traditional,
                                 std::optional<float> base, float scale, const mx::array& offset,
                                 const std::optional<mx::array>& freqs, mx::StreamOrDevice s = {});
+// Attention over MLX-quantized keys and values (words, scales, biases); returns [B, L, H * D].
+mx::array quantized_attention(const mx::array& q, const mx::array& kw, const mx::array& ks, const mx::array& kb,
+                              const mx::array& vw, const mx::array& vs, const mx::array& vb, float scale, int bits,
+                              int group_size, bool causal, const std::optional<mx::array>& mask,
+                              mx::StreamOrDevice s = {});
 // softmax(q k^T * scale + mask) v for q [B, H, L, D], k and v [B, Hk, S, D] (Hk dividing H); mask a
 // boolean (true keeps) or additive array broadcasting to [B, H, L, S], or causal (queries aligned to
 // the last keys). Returns [B, L, H * D].

@@ -1,0 +1,125 @@
+// Attention over a quantized KV cache (isa.h's QAttnBlock), written once over an instruction set's
+// vector operations like attn_row.h. The keys and values are MLX's affine quantization (4 or 8 bits
+// per value in uint32 words, a float scale and bias per `group` values of a key); a block is the
+// query rows of one batch row and one KV head (the heads sharing it, the positions of a prompt
+// chunk), so each chunk of keys is dequantized once for all of them, into a small float buffer.
+//
+// A row's result depends only on its own keys, in order, as in attn_row.h: scores are each key's own
+// dot product; the weighted sum of the values goes over keys in order with one running sum per
+// output, carried across chunks in memory (a float in a register and in memory are the same value),
+// so where chunk boundaries fall, and how much left padding a batch adds, changes nothing.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "attn_row.h"
+#include "isa.h"
+#include "simd_tail.h"
+
+namespace mlxnb {
+
+// Keys (or values) j0 .. j0 + n - 1 as floats, n rows of D at `out`.
+inline void dequant_keys(const QAttnBlock& a, bool values, int64_t j0, int64_t n, float* out) {
+  const uint32_t* words = values ? a.vw : a.kw;
+  const float* scales = values ? a.vs : a.ks;
+  const float* biases = values ? a.vb : a.kb;
+  const int64_t ws = values ? a.vw_stride : a.kw_stride, ss = values ? a.vs_stride : a.ks_stride;
+  const int64_t D = a.D, G = a.group;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(words + (j0 + i) * ws);
+    const float* s = scales + (j0 + i) * ss;
+    const float* b = biases + (j0 + i) * ss;
+    float* o = out + i * D;
+    for (int64_t g = 0; g < D / G; ++g) {
+      const float sc = s[g], bc = b[g];
+      float* og = o + g * G;
+      if (a.bits == 8) {
+        const uint8_t* q = bytes + g * G;
+        for (int64_t d = 0; d < G; ++d) og[d] = std::fma(sc, static_cast<float>(q[d]), bc);
+      } else {  // 4 bits: value 2k in byte k's low half, 2k + 1 in its high half
+        const uint8_t* q = bytes + g * G / 2;
+        for (int64_t d = 0; d < G / 2; ++d) {
+          og[2 * d] = std::fma(sc, static_cast<float>(q[d] & 15), bc);
+          og[2 * d + 1] = std::fma(sc, static_cast<float>(q[d] >> 4), bc);
+        }
+      }
+    }
+  }
+}
+
+template <class V>
+void qattn_block_t(const QAttnBlock& a) {
+  constexpr int64_t kChunk = 64;  // keys dequantized at a time: 64 x D floats stay in L1/L2
+  const int64_t D = a.D, rows = a.rows;
+  int64_t S = 0;
+  for (int64_t r = 0; r < rows; ++r) S = std::max(S, a.limit[r]);
+  thread_local std::vector<float> buf, scores, inv;
+  thread_local std::vector<uint8_t> live;
+  buf.resize(kChunk * D);
+  scores.resize(rows * S);
+  inv.assign(rows, 0.0f);
+  live.assign(rows, 0);
+  auto kept = [&](int64_t r, int64_t j) { return !a.keep[r] || a.keep[r][j * a.mask_stride]; };
+  auto any_kept = [&](int64_t j0, int64_t j1) {  // whether a chunk holds a key some row reads
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = j0; j < std::min(j1, a.limit[r]); ++j)
+        if (kept(r, j)) return true;
+    return false;
+  };
+  // scores: each key's dot product with each row's query
+  for (int64_t j0 = 0; j0 < S; j0 += kChunk) {
+    const int64_t j1 = std::min(S, j0 + kChunk);
+    const bool read = any_kept(j0, j1);
+    if (read) dequant_keys(a, false, j0, j1 - j0, buf.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sc = scores.data() + r * S;
+      for (int64_t j = j0; j < std::min(j1, a.limit[r]); ++j) {
+        if (!read || !kept(r, j)) {
+          sc[j] = -INFINITY;
+          continue;
+        }
+        float s = dot_row<V>(a.q[r], buf.data() + (j - j0) * D, D) * a.scale;
+        if (a.add_mask[r]) s += a.add_mask[r][j * a.mask_stride];
+        sc[j] = s;
+      }
+    }
+  }
+  // softmax per row, as attn_row.h
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sc = scores.data() + r * S;
+    const int64_t n = a.limit[r];
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) m = sc[j] > m ? sc[j] : m;
+    for (int64_t d = 0; d < D; ++d) a.out[r][d] = 0.0f;
+    if (m == -INFINITY) continue;
+    const typename V::reg mv = V::set1(m);
+    map1<V::W>(sc, sc, n, [&](const float* x, float* y) { V::store(y, V::exp(V::sub(V::load(x), mv))); }, -INFINITY);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) sum += sc[j];
+    inv[r] = 1.0f / sum;
+    live[r] = 1;
+  }
+  // the weighted sum of the values, chunk by chunk
+  for (int64_t j0 = 0; j0 < S; j0 += kChunk) {
+    const int64_t j1 = std::min(S, j0 + kChunk);
+    bool needed = false;
+    for (int64_t r = 0; r < rows && !needed; ++r)
+      for (int64_t j = j0; live[r] && j < std::min(j1, a.limit[r]); ++j)
+        if (scores[r * S + j] != 0.0f) {
+          needed = true;
+          break;
+        }
+    if (!needed) continue;
+    dequant_keys(a, true, j0, j1 - j0, buf.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = std::min(j1, a.limit[r]) - j0;
+      if (live[r] && n > 0) accumulate<V>(scores.data() + r * S + j0, n, buf.data(), D, D, a.out[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    if (live[r])
+      for (int64_t d = 0; d < D; ++d) a.out[r][d] *= inv[r];
+}
+
+}  // namespace mlxnb
