@@ -1,4 +1,4 @@
-"""Attention over a quantized KV cache (`quantized_attention`, csrc/qattn_block.h) against float64
+"""Attention over a quantized KV cache (`quantized_attention`, csrc/attn_block.h) against float64
 NumPy on every instruction set: the keys and values unpacked from MLX's words by NumPy's own bit
 operations, 4 and 8 bits, every group size that divides the head, odd sizes, every mask kind, keys
 as the strided views a cache hands out; and each query row the same bit for bit alone, left-padded
@@ -59,17 +59,20 @@ def test_quantized_attention_against_numpy(isa, native, bits, b, h, hk, l, s, d)
         _close(run(mask=mx.array(add)), ref.attention(q, kn, vn, 0.2, mask=add))
 
 
-def test_a_row_is_the_same_alone_left_padded_and_among_a_chunks_rows(isa, native):
-    rng = np.random.default_rng(5)
-    h, hk, s, d, pad, bits, group = 6, 2, 150, 64, 70, 8, 32
-    keys = rng.standard_normal((1, hk, pad + s, d)).astype(np.float32)
-    vals = rng.standard_normal((1, hk, pad + s, d)).astype(np.float32)
-    kq = mx.quantize(mx.array(keys), group_size=group, bits=bits)
-    vq = mx.quantize(mx.array(vals), group_size=group, bits=bits)
+@pytest.mark.parametrize("bits", [0, 4, 8])  # 0: float keys and values (the same blocks)
+def test_a_row_is_the_same_alone_left_padded_and_among_a_chunks_rows(isa, native, bits):
+    rng = np.random.default_rng(5 + bits)
+    h, hk, s, d, pad, group = 6, 2, 150, 64, 70, 32
+    keys = mx.array(rng.standard_normal((1, hk, pad + s, d)).astype(np.float32))
+    vals = mx.array(rng.standard_normal((1, hk, pad + s, d)).astype(np.float32))
+    kq = (keys,) if bits == 0 else mx.quantize(keys, group_size=group, bits=bits)
+    vq = (vals,) if bits == 0 else mx.quantize(vals, group_size=group, bits=bits)
     own_k, own_v = (tuple(a[:, :, pad:] for a in t) for t in (kq, vq))
     q = mx.array(rng.standard_normal((1, h, 5, d)).astype(np.float32))
 
     def attend(qr, k, v, **kw):
+        if bits == 0:
+            return np.asarray(native.attention(qr, *k, *v, scale=0.125, **kw))
         return np.asarray(native.quantized_attention(qr, *k, *v, scale=0.125, bits=bits, group_size=group, **kw))
 
     chunk = attend(q, own_k, own_v, causal=True)  # five query rows, the last five positions
@@ -79,9 +82,11 @@ def test_a_row_is_the_same_alone_left_padded_and_among_a_chunks_rows(isa, native
         limit = s - 5 + row + 1
         alone = attend(q[:, :, row:row + 1], tuple(a[:, :, :limit] for a in own_k), tuple(a[:, :, :limit] for a in own_v))
         assert np.array_equal(alone[0, 0], chunk[0, row]), row
-        if row == 4:  # the same row behind 70 masked keys of padding
-            padded = attend(q[:, :, 4:5], kq, vq, mask=mx.array(keep))
-            assert np.array_equal(alone, padded)
+        if row == 4:  # the same row behind 70 masked keys of padding, in a batch of three
+            batch_q = mx.concatenate([q[:, :, 4:5]] * 3)
+            batch_k, batch_v = (tuple(mx.concatenate([a] * 3) for a in t) for t in (kq, vq))
+            padded = attend(batch_q, batch_k, batch_v, mask=mx.array(np.concatenate([keep] * 3)))
+            assert all(np.array_equal(alone[0], p) for p in padded)
 
 
 def test_bad_arguments_are_refused_in_one_line(native):

@@ -1,6 +1,7 @@
 // Scaled dot-product attention as an MLX primitive: MLX's CPU fallback is five ops with a BLAS call
-// per (row, head); this is one pass per query row that reads the cache's keys and values in place
-// (a cache hands out strided views) and writes [B, L, heads * D], the output projection's input.
+// per (row, head); this reads the cache's keys and values in place (a cache hands out strided views),
+// float or quantized, in blocks of the query rows sharing a KV head (attn_block.h), and writes
+// [B, L, heads * D], the output projection's input.
 #include "common.h"
 #include "isa.h"
 #include "ops.h"
@@ -9,76 +10,6 @@ namespace mlxnb {
 namespace {
 
 enum class MaskKind { kNone, kCausal, kBool, kAdditive };
-
-class Attention : public CpuOnly {
- public:
-  Attention(mx::Stream s, float scale, MaskKind mask) : CpuOnly(s), scale_(scale), mask_(mask) {}
-  const char* name() const override { return "MlxNbAttention"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto& o = static_cast<const Attention&>(other);
-    return o.scale_ == scale_ && o.mask_ == mask_;
-  }
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
-    auto& out = outs[0];
-    alloc(out);
-    std::optional<mx::array> mask;
-    if (in.size() > 3) mask = in[3];
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.dispatch([qa = in[0], ka = in[1], va = in[2], mask, o = out.data<float>(), scale = scale_, kind = mask_]() {
-      thread_local std::vector<float> qbuf, kbuf, vbuf;
-      const int64_t B = qa.shape(0), H = qa.shape(1), L = qa.shape(2), D = qa.shape(3);
-      const int64_t Hk = ka.shape(1), S = ka.shape(2), group = H / Hk;
-      const float* q = row_major(qa, qbuf);
-      // Keys and values are read through their strides while each key's D values are contiguous.
-      auto view = [&](const mx::array& a, std::vector<float>& buf, mx::Strides& st) {
-        if (a.strides(3) == 1) {
-          st = a.strides();
-          return a.data<float>();
-        }
-        st = {Hk * S * D, S * D, D, 1};
-        return row_major(a, buf);
-      };
-      mx::Strides ks, vs, ms(4, 0);  // ms: the mask's strides over [B, H, L, S], 0 where it broadcasts
-      if (mask)
-        for (int i = 0, nd = mask->ndim(); i < nd; ++i) ms[4 - nd + i] = mask->shape(i) == 1 ? 0 : mask->strides(i);
-      const float* k = view(ka, kbuf, ks);
-      const float* v = view(va, vbuf, vs);
-      const Isa& isa_ = isa();
-      for_rows(B * H * L, S * D, [&](int64_t r0, int64_t r1) {
-        thread_local std::vector<float> scores;
-        scores.resize(S);
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t b = r / (H * L), h = (r / L) % H, l = r % L, kh = h / group;
-          AttnRow a{};
-          a.q = q + r * D;
-          a.k = k + b * ks[0] + kh * ks[1];
-          a.v = v + b * vs[0] + kh * vs[1];
-          a.k_stride = ks[2];
-          a.v_stride = vs[2];
-          a.limit = kind == MaskKind::kCausal ? std::min(S, l + (S - L) + 1) : S;
-          a.D = D;
-          a.scale = scale;
-          if (kind == MaskKind::kBool || kind == MaskKind::kAdditive) {
-            const int64_t at = b * ms[0] + h * ms[1] + l * ms[2];
-            if (kind == MaskKind::kBool) {
-              a.keep = mask->data<uint8_t>() + at;
-            } else {
-              a.add_mask = mask->data<float>() + at;
-            }
-            a.mask_stride = ms[3];
-          }
-          a.scores = scores.data();
-          a.out = o + ((b * L + l) * H + h) * D;
-          isa_.attn_row(a);
-        }
-      }, 1 << 20);  // a row is cheap: one decode row of 9 heads over 1,500 keys is faster alone
-    });
-  }
-
- private:
-  float scale_;
-  MaskKind mask_;
-};
 
 // Keys or values of a cache as [B, kv_heads, S, C] read through their strides, each key's C
 // entries contiguous (a strided copy otherwise).
@@ -93,51 +24,70 @@ const T* cache_view(const mx::array& a, std::vector<T>& buf, mx::Strides& st) {
   return row_major(a, buf);
 }
 
-class QuantizedAttention : public CpuOnly {
+// Query rows per block: up to 16 (a chunk of keys read once for all of them), fewer when the
+// batch is small, so the blocks still keep every thread busy (a lone decode row of 3 KV heads).
+int64_t rows_per_block(int64_t blocks_of_one, int64_t per_head) {
+  const int64_t wanted = 2 * Pool::instance().threads();
+  const int64_t by_threads = std::max<int64_t>(1, blocks_of_one * per_head / std::max<int64_t>(wanted, 1));
+  return std::min<int64_t>({16, per_head, by_threads});
+}
+
+// Inputs: q, then k, v (bits 0) or the words, scales and biases of k and of v (bits 4 or 8), then
+// the mask if any.
+class Attention : public CpuOnly {
  public:
-  QuantizedAttention(mx::Stream s, float scale, MaskKind mask, int bits, int group)
+  Attention(mx::Stream s, float scale, MaskKind mask, int bits, int group)
       : CpuOnly(s), scale_(scale), mask_(mask), bits_(bits), group_(group) {}
-  const char* name() const override { return "MlxNbQuantizedAttention"; }
+  const char* name() const override { return bits_ ? "MlxNbQuantizedAttention" : "MlxNbAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    auto& o = static_cast<const QuantizedAttention&>(other);
+    auto& o = static_cast<const Attention&>(other);
     return o.scale_ == scale_ && o.mask_ == mask_ && o.bits_ == bits_ && o.group_ == group_;
   }
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     auto& out = outs[0];
     alloc(out);
+    const size_t parts = bits_ ? 7 : 3;
     std::optional<mx::array> mask;
-    if (in.size() > 7) mask = in[7];
+    if (in.size() > parts) mask = in[parts];
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.dispatch([in, mask, o = out.data<float>(), scale = scale_, kind = mask_, bits = bits_, group = group_]() {
-      thread_local std::vector<float> qbuf, fbuf[4];
+      thread_local std::vector<float> qbuf, fbuf[6];
       thread_local std::vector<uint32_t> wbuf[2];
       const auto& qa = in[0];
       const int64_t B = qa.shape(0), H = qa.shape(1), L = qa.shape(2), D = qa.shape(3);
       const int64_t Hk = in[1].shape(1), S = in[1].shape(2), group_heads = H / Hk;
       const float* q = row_major(qa, qbuf);
-      mx::Strides kws, kss, kbs, vws, vss, vbs, ms(4, 0);
-      const uint32_t* kw = cache_view(in[1], wbuf[0], kws);
-      const float* ks = cache_view(in[2], fbuf[0], kss);
-      const float* kb = cache_view(in[3], fbuf[1], kbs);
-      const uint32_t* vw = cache_view(in[4], wbuf[1], vws);
-      const float* vs = cache_view(in[5], fbuf[2], vss);
-      const float* vb = cache_view(in[6], fbuf[3], vbs);
+      // Keys and values are read through their strides while each key's values are contiguous.
+      mx::Strides st[6], ms(4, 0);
+      const float* kf = nullptr;
+      const float* vf = nullptr;
+      const uint32_t *kw = nullptr, *vw = nullptr;
+      const float *ks = nullptr, *kb = nullptr, *vs = nullptr, *vb = nullptr;
+      if (bits == 0) {
+        kf = cache_view(in[1], fbuf[0], st[0]);
+        vf = cache_view(in[2], fbuf[1], st[1]);
+      } else {
+        kw = cache_view(in[1], wbuf[0], st[0]);
+        ks = cache_view(in[2], fbuf[0], st[2]);
+        kb = cache_view(in[3], fbuf[1], st[3]);
+        vw = cache_view(in[4], wbuf[1], st[1]);
+        vs = cache_view(in[5], fbuf[2], st[4]);
+        vb = cache_view(in[6], fbuf[3], st[5]);
+      }
       if (mask)
         for (int i = 0, nd = mask->ndim(); i < nd; ++i) ms[4 - nd + i] = mask->shape(i) == 1 ? 0 : mask->strides(i);
-      // a block: one batch row, one KV head, up to kBlock of the query rows that read it
-      constexpr int64_t kBlock = 16;
-      const int64_t per_head = group_heads * L, blocks = (per_head + kBlock - 1) / kBlock;
+      const int64_t per_head = group_heads * L, block = rows_per_block(B * Hk, per_head);
+      const int64_t blocks = (per_head + block - 1) / block;
       const Isa& isa_ = isa();
-      for_rows(B * Hk * blocks, kBlock * S * D, [&](int64_t i0, int64_t i1) {
-        const float* qs[kBlock];
-        float* os[kBlock];
-        int64_t limits[kBlock];
-        const float* adds[kBlock];
-        const uint8_t* keeps[kBlock];
+      for_rows(B * Hk * blocks, block * S * D, [&](int64_t i0, int64_t i1) {
+        std::vector<const float*> qs(block), adds(block);
+        std::vector<float*> os(block);
+        std::vector<int64_t> limits(block);
+        std::vector<const uint8_t*> keeps(block);
         for (int64_t i = i0; i < i1; ++i) {
-          const int64_t b = i / (Hk * blocks), kh = (i / blocks) % Hk, first = (i % blocks) * kBlock;
-          QAttnBlock a{};
-          a.rows = std::min(kBlock, per_head - first);
+          const int64_t b = i / (Hk * blocks), kh = (i / blocks) % Hk, first = (i % blocks) * block;
+          AttnBlock a{};
+          a.rows = std::min(block, per_head - first);
           for (int64_t r = 0; r < a.rows; ++r) {
             const int64_t h = kh * group_heads + (first + r) / L, l = (first + r) % L;
             qs[r] = q + ((b * H + h) * L + l) * D;
@@ -147,15 +97,22 @@ class QuantizedAttention : public CpuOnly {
             adds[r] = kind == MaskKind::kAdditive ? mask->data<float>() + at : nullptr;
             keeps[r] = kind == MaskKind::kBool ? mask->data<uint8_t>() + at : nullptr;
           }
-          a.q = qs, a.out = os, a.limit = limits, a.add_mask = adds, a.keep = keeps, a.mask_stride = ms[3];
+          a.q = qs.data(), a.out = os.data(), a.limit = limits.data(), a.add_mask = adds.data();
+          a.keep = keeps.data(), a.mask_stride = ms[3];
           a.D = D, a.bits = bits, a.group = group, a.scale = scale;
-          a.kw = kw + b * kws[0] + kh * kws[1], a.kw_stride = kws[2];
-          a.ks = ks + b * kss[0] + kh * kss[1], a.ks_stride = kss[2];
-          a.kb = kb + b * kbs[0] + kh * kbs[1];
-          a.vw = vw + b * vws[0] + kh * vws[1], a.vw_stride = vws[2];
-          a.vs = vs + b * vss[0] + kh * vss[1], a.vs_stride = vss[2];
-          a.vb = vb + b * vbs[0] + kh * vbs[1];
-          isa_.qattn_block(a);
+          auto at = [&](const auto* base, const mx::Strides& s) { return base + b * s[0] + kh * s[1]; };
+          if (bits == 0) {
+            a.kf = at(kf, st[0]), a.kf_stride = st[0][2];
+            a.vf = at(vf, st[1]), a.vf_stride = st[1][2];
+          } else {
+            a.kw = at(kw, st[0]), a.kw_stride = st[0][2];
+            a.vw = at(vw, st[1]), a.vw_stride = st[1][2];
+            a.ks = at(ks, st[2]), a.ks_stride = st[2][2];
+            a.kb = at(kb, st[3]);
+            a.vs = at(vs, st[4]), a.vs_stride = st[4][2];
+            a.vb = at(vb, st[5]);
+          }
+          isa_.attn_block(a);
         }
       }, 1 << 16);
     });
@@ -221,7 +178,7 @@ mx::array quantized_attention(const mx::array& q, const mx::array& kw, const mx:
   std::vector<mx::array> inputs{as_f32(q, s), kw, as_f32(ks, s), as_f32(kb, s), vw, as_f32(vs, s), as_f32(vb, s)};
   if (m) inputs.push_back(*m);
   auto out = mx::array({B, L, H * D}, mx::float32,
-                       std::make_shared<QuantizedAttention>(mx::to_stream(s), scale, kind, bits, group_size),
+                       std::make_shared<Attention>(mx::to_stream(s), scale, kind, bits, group_size),
                        std::move(inputs));
   return back_to(out, q.dtype(), s);
 }
@@ -241,7 +198,7 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   const MaskKind kind = mask_kind(op, m, causal, B, H, L, S, s);
   std::vector<mx::array> inputs{as_f32(q, s), as_f32(k, s), as_f32(v, s)};
   if (m) inputs.push_back(*m);
-  auto out = mx::array({B, L, H * D}, mx::float32, std::make_shared<Attention>(mx::to_stream(s), scale, kind),
+  auto out = mx::array({B, L, H * D}, mx::float32, std::make_shared<Attention>(mx::to_stream(s), scale, kind, 0, 0),
                        std::move(inputs));
   return back_to(out, q.dtype(), s);
 }

@@ -1,4 +1,4 @@
-// The attention row (isa.h's AttnRow) written once over an instruction set's vector operations.
+// The sums of attention's rows (attn_block.h), written once over an instruction set's vector operations.
 // V supplies: W (floats a vector), reg, zero(), load(p), store(p, v), set1(x), fmadd(a, b, c),
 // sub(a, b), hsum(v) and exp(v), and dot16(q, k, k_stride, D, out): the dot_row of 16 consecutive
 // keys at once, bit for bit (or false when it has none); each kernels_<isa>.cpp instantiates it.
@@ -55,41 +55,6 @@ inline void accumulate(const float* p, int64_t n, const float* v, int64_t vs, in
       if (p[j] != 0.0f) acc = std::fma(p[j], v[j * vs + d], acc);
     out[d] = acc;
   }
-}
-
-template <class V>
-void attn_row_t(const AttnRow& a) {
-  // Raw dot products first: 16 keys at a time where the instruction set reduces 16 at once (the
-  // same sums as one at a time, so where a key falls in a block changes nothing), then the rest.
-  int64_t j = 0;
-  if (a.D % V::W == 0)
-    for (; j + 16 <= a.limit; j += 16)
-      if (!V::dot16(a.q, a.k + j * a.k_stride, a.k_stride, a.D, a.scores + j)) break;
-  for (; j < a.limit; ++j) a.scores[j] = dot_row<V>(a.q, a.k + j * a.k_stride, a.D);
-  float m = -INFINITY;
-  for (j = 0; j < a.limit; ++j) {
-    if (a.keep && !a.keep[j * a.mask_stride]) {
-      a.scores[j] = -INFINITY;
-      continue;
-    }
-    float s = a.scores[j] * a.scale;
-    if (a.add_mask) s += a.add_mask[j * a.mask_stride];
-    a.scores[j] = s;
-    m = s > m ? s : m;
-  }
-  if (m == -INFINITY) {
-    for (int64_t d = 0; d < a.D; ++d) a.out[d] = 0.0f;
-    return;
-  }
-  const typename V::reg mv = V::set1(m);
-  map1<V::W>(a.scores, a.scores, a.limit, [&](const float* x, float* y) { V::store(y, V::exp(V::sub(V::load(x), mv))); },
-             -INFINITY);
-  float sum = 0.0f;
-  for (j = 0; j < a.limit; ++j) sum += a.scores[j];  // masked keys add exact zeros
-  for (int64_t d = 0; d < a.D; ++d) a.out[d] = 0.0f;
-  accumulate<V>(a.scores, a.limit, a.v, a.v_stride, a.D, a.out);
-  const float inv = 1.0f / sum;
-  for (int64_t d = 0; d < a.D; ++d) a.out[d] *= inv;
 }
 
 }  // namespace mlxnb

@@ -1,5 +1,5 @@
 // The element-wise kernels (isa.h's vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar)
-// written once over an instruction set's vector operations, as attn_row.h is. V supplies W, reg,
+// written once over an instruction set's vector operations, as attn_block.h is. V supplies W, reg,
 // zero(), load(p), store(p, v), set1(x), add/sub/mul/div/max(a, b), fmadd(a, b, c), exp(v), hsum(v)
 // and hmax(v); each kernels_<isa>.cpp instantiates them for its Vec. Tails go through the same
 // vector code on a padded copy (simd_tail.h), so an element's result never depends on its place.

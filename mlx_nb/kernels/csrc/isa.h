@@ -70,35 +70,24 @@ struct QGemm {
   float* out;  // [M][N]
 };
 
-// One query row of scaled dot-product attention over keys 0 .. limit - 1 (keys at or past `limit`,
-// and keys a boolean mask refuses, are skipped). Keys are visited in order and each key's weight is
-// added one at a time, so a row's result depends only on its own keys: left padding a batch adds
-// skipped keys, never a change in the sums.
-struct AttnRow {
-  const float* q;          // [D]
-  const float* k;          // key j at k + j * k_stride, [D] contiguous
-  const float* v;          // value j at v + j * v_stride
-  int64_t k_stride, v_stride, limit, D;
-  float scale;
-  const float* add_mask;   // additive mask, entry j at add_mask[j * mask_stride], or null
-  const uint8_t* keep;     // boolean mask (nonzero keeps key j), entry j at keep[j * mask_stride], or null
-  int64_t mask_stride;
-  float* scores;           // scratch, >= limit floats
-  float* out;              // [D]
-};
-
-// The query rows of one batch row and one KV head over a quantized cache (qattn_block.h): keys and
-// values as MLX's affine quantization, key j's words at kw + j * kw_stride and its group scales and
-// biases at ks / kb + j * ks_stride (values likewise). Row r reads keys 0 .. limit[r] - 1, through its
-// own mask if it has one, and writes D floats at out[r].
-struct QAttnBlock {
+// The query rows of one batch row and one KV head (attn_block.h): the heads sharing that KV head and
+// the positions of a prompt chunk. Row r reads keys 0 .. limit[r] - 1 (and of those only the ones its
+// boolean mask keeps, if it has one) and writes D floats at out[r]. Keys and values are float (bits
+// 0: key j at kf + j * kf_stride, D contiguous) or MLX's affine quantization (bits 4 or 8: key j's
+// words at kw + j * kw_stride, its group scales and biases at ks / kb + j * ks_stride). Keys are
+// visited in order and each key's weight is added one at a time, so a row's result depends only on
+// its own keys: left padding a batch adds skipped keys, never a change in the sums.
+struct AttnBlock {
   const float* const* q;           // [rows] -> [D]
   float* const* out;               // [rows] -> [D]
   const int64_t* limit;            // [rows]
   const float* const* add_mask;    // [rows] -> additive mask entries (stride mask_stride), or nulls
-  const uint8_t* const* keep;      // [rows] -> boolean mask entries, or nulls
+  const uint8_t* const* keep;      // [rows] -> boolean mask entries (nonzero keeps), or nulls
   int64_t mask_stride;
   int64_t rows, D;
+  const float* kf;
+  const float* vf;
+  int64_t kf_stride, vf_stride;
   const uint32_t* kw;
   const float* ks;
   const float* kb;
@@ -106,7 +95,7 @@ struct QAttnBlock {
   const float* vs;
   const float* vb;
   int64_t kw_stride, ks_stride, vw_stride, vs_stride;
-  int bits, group;
+  int bits, group;  // bits 0: float keys and values
   float scale;
 };
 
@@ -127,10 +116,8 @@ struct Isa {
   float (*logsumexp)(const float* x, int64_t n);
   // y[i] = x[i] - c
   void (*sub_scalar)(const float* x, float c, float* y, int64_t n);
-  // One query row of attention (see AttnRow).
-  void (*attn_row)(const struct AttnRow& a);
-  // One block of attention over a quantized cache (see QAttnBlock).
-  void (*qattn_block)(const struct QAttnBlock& a);
+  // One block of attention's query rows (see AttnBlock).
+  void (*attn_block)(const struct AttnBlock& a);
 };
 
 extern const Isa kPortable;

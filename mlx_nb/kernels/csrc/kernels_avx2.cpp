@@ -10,8 +10,7 @@
 #include <cstring>
 
 #include "isa.h"
-#include "attn_row.h"
-#include "qattn_block.h"
+#include "attn_block.h"
 #include "elementwise.h"
 
 namespace mlxnb {
@@ -334,7 +333,7 @@ void qgemm(const QGemm& g, int64_t t0, int64_t t1) {
   }
 }
 
-// This instruction set's vector operations, for the kernels written once over them (attn_row.h).
+// This instruction set's vector operations, for the kernels written once over them (attn_block.h).
 struct Vec {
   static constexpr int W = 8;
   using reg = __m256;
@@ -357,6 +356,6 @@ struct Vec {
 }  // namespace
 
 const Isa kAvx2 = {"avx2", quantize_rows, qgemm, vexp_t<Vec>, silu_mul_t<Vec>, rms_norm_t<Vec>,
-                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_row_t<Vec>, qattn_block_t<Vec>};
+                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_block_t<Vec>};
 
 }  // namespace mlxnb

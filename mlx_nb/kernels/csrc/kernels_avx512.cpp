@@ -7,8 +7,7 @@
 #include <cstring>
 
 #include "isa.h"
-#include "attn_row.h"
-#include "qattn_block.h"
+#include "attn_block.h"
 #include "elementwise.h"
 
 namespace mlxnb {
@@ -301,7 +300,7 @@ inline bool dot16_keys(const float* q, const float* k, int64_t ks, int64_t D, fl
   return true;
 }
 
-// This instruction set's vector operations, for the kernels written once over them (attn_row.h).
+// This instruction set's vector operations, for the kernels written once over them (attn_block.h).
 struct Vec {
   static constexpr int W = 16;
   using reg = __m512;
@@ -324,6 +323,6 @@ struct Vec {
 }  // namespace
 
 const Isa kAvx512 = {"avx512", quantize_rows, qgemm, vexp_t<Vec>, silu_mul_t<Vec>, rms_norm_t<Vec>,
-                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_row_t<Vec>, qattn_block_t<Vec>};
+                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_block_t<Vec>};
 
 }  // namespace mlxnb

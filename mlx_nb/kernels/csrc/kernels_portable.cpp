@@ -3,8 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "attn_row.h"
-#include "qattn_block.h"
+#include "attn_block.h"
 #include "isa.h"
 
 namespace mlxnb {
@@ -122,7 +121,7 @@ void sub_scalar(const float* x, float c, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] - c;
 }
 
-// One float at a time, for the kernels written once over vector operations (attn_row.h).
+// One float at a time, for the kernels written once over vector operations (attn_block.h).
 struct Scalar {
   static constexpr int W = 1;
   using reg = float;
@@ -140,7 +139,7 @@ struct Scalar {
 }  // namespace
 
 const Isa kPortable = {"portable", quantize_rows, qgemm, vexp, silu_mul, rms_norm, softmax, logsumexp, sub_scalar,
-                       attn_row_t<Scalar>, qattn_block_t<Scalar>};
+                       attn_block_t<Scalar>};
 
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;

@@ -1,13 +1,15 @@
-// Attention over a quantized KV cache (isa.h's QAttnBlock), written once over an instruction set's
-// vector operations like attn_row.h. The keys and values are MLX's affine quantization (4 or 8 bits
-// per value in uint32 words, a float scale and bias per `group` values of a key); a block is the
-// query rows of one batch row and one KV head (the heads sharing it, the positions of a prompt
-// chunk), so each chunk of keys is dequantized once for all of them, into a small float buffer.
+// Scaled dot-product attention for a block of query rows (isa.h's AttnBlock), written once over an
+// instruction set's vector operations. A block is the query rows that read one KV head of one batch
+// row (the heads sharing it, the positions of a prompt chunk): keys are visited a chunk of 64 at a
+// time for all of them, so a chunk is read from memory once per block instead of once per row, and a
+// quantized chunk (MLX's affine quantization: 4 or 8 bits per value in uint32 words, a float scale
+// and bias per `group` values of a key) is dequantized once, into a small float buffer.
 //
-// A row's result depends only on its own keys, in order, as in attn_row.h: scores are each key's own
-// dot product; the weighted sum of the values goes over keys in order with one running sum per
-// output, carried across chunks in memory (a float in a register and in memory are the same value),
-// so where chunk boundaries fall, and how much left padding a batch adds, changes nothing.
+// A row's result depends only on its own keys, in order: scores are each key's own dot product (16
+// keys at once where the instruction set reduces 16 at once, the same sums), and the weighted sum of
+// the values goes over keys in order with one running sum per output, carried across chunks in
+// memory (a float in a register and in memory are the same value). So how rows are grouped into
+// blocks, where chunk boundaries fall and how much left padding a batch adds change nothing.
 #pragma once
 
 #include <cmath>
@@ -19,8 +21,8 @@
 
 namespace mlxnb {
 
-// Keys (or values) j0 .. j0 + n - 1 as floats, n rows of D at `out`.
-inline void dequant_keys(const QAttnBlock& a, bool values, int64_t j0, int64_t n, float* out) {
+// Quantized keys (or values) j0 .. j0 + n - 1 as floats, n rows of D at `out`.
+inline void dequant_keys(const AttnBlock& a, bool values, int64_t j0, int64_t n, float* out) {
   const uint32_t* words = values ? a.vw : a.kw;
   const float* scales = values ? a.vs : a.ks;
   const float* biases = values ? a.vb : a.kb;
@@ -48,9 +50,21 @@ inline void dequant_keys(const QAttnBlock& a, bool values, int64_t j0, int64_t n
   }
 }
 
+// Keys (or values) j0 .. j0 + n - 1 as floats: where they are for a float cache, else dequantized
+// into `buf`; `stride` is the distance between keys.
+inline const float* chunk_at(const AttnBlock& a, bool values, int64_t j0, int64_t n, float* buf, int64_t& stride) {
+  if (a.bits == 0) {
+    stride = values ? a.vf_stride : a.kf_stride;
+    return (values ? a.vf : a.kf) + j0 * stride;
+  }
+  dequant_keys(a, values, j0, n, buf);
+  stride = a.D;
+  return buf;
+}
+
 template <class V>
-void qattn_block_t(const QAttnBlock& a) {
-  constexpr int64_t kChunk = 64;  // keys dequantized at a time: 64 x D floats stay in L1/L2
+void attn_block_t(const AttnBlock& a) {
+  constexpr int64_t kChunk = 64;  // keys at a time: 64 x D floats stay in L1/L2
   const int64_t D = a.D, rows = a.rows;
   int64_t S = 0;
   for (int64_t r = 0; r < rows; ++r) S = std::max(S, a.limit[r]);
@@ -67,25 +81,32 @@ void qattn_block_t(const QAttnBlock& a) {
         if (kept(r, j)) return true;
     return false;
   };
-  // scores: each key's dot product with each row's query
+  // scores: each key's dot product with each row's query, then its scale and mask
   for (int64_t j0 = 0; j0 < S; j0 += kChunk) {
     const int64_t j1 = std::min(S, j0 + kChunk);
     const bool read = any_kept(j0, j1);
-    if (read) dequant_keys(a, false, j0, j1 - j0, buf.data());
+    int64_t ks = 0;
+    const float* k = read ? chunk_at(a, false, j0, j1 - j0, buf.data(), ks) : nullptr;
     for (int64_t r = 0; r < rows; ++r) {
       float* sc = scores.data() + r * S;
-      for (int64_t j = j0; j < std::min(j1, a.limit[r]); ++j) {
+      const int64_t end = std::min(j1, a.limit[r]);
+      int64_t j = j0;
+      if (read && D % V::W == 0)
+        for (; j + 16 <= end; j += 16)
+          if (!V::dot16(a.q[r], k + (j - j0) * ks, ks, D, sc + j)) break;
+      for (; read && j < end; ++j) sc[j] = dot_row<V>(a.q[r], k + (j - j0) * ks, D);
+      for (j = j0; j < end; ++j) {
         if (!read || !kept(r, j)) {
           sc[j] = -INFINITY;
           continue;
         }
-        float s = dot_row<V>(a.q[r], buf.data() + (j - j0) * D, D) * a.scale;
+        float s = sc[j] * a.scale;
         if (a.add_mask[r]) s += a.add_mask[r][j * a.mask_stride];
         sc[j] = s;
       }
     }
   }
-  // softmax per row, as attn_row.h
+  // softmax per row
   for (int64_t r = 0; r < rows; ++r) {
     float* sc = scores.data() + r * S;
     const int64_t n = a.limit[r];
@@ -96,7 +117,7 @@ void qattn_block_t(const QAttnBlock& a) {
     const typename V::reg mv = V::set1(m);
     map1<V::W>(sc, sc, n, [&](const float* x, float* y) { V::store(y, V::exp(V::sub(V::load(x), mv))); }, -INFINITY);
     float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += sc[j];
+    for (int64_t j = 0; j < n; ++j) sum += sc[j];  // masked keys add exact zeros
     inv[r] = 1.0f / sum;
     live[r] = 1;
   }
@@ -111,10 +132,11 @@ void qattn_block_t(const QAttnBlock& a) {
           break;
         }
     if (!needed) continue;
-    dequant_keys(a, true, j0, j1 - j0, buf.data());
+    int64_t vs = 0;
+    const float* v = chunk_at(a, true, j0, j1 - j0, buf.data(), vs);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = std::min(j1, a.limit[r]) - j0;
-      if (live[r] && n > 0) accumulate<V>(scores.data() + r * S + j0, n, buf.data(), D, D, a.out[r]);
+      if (live[r] && n > 0) accumulate<V>(scores.data() + r * S + j0, n, v, vs, D, a.out[r]);
     }
   }
   for (int64_t r = 0; r < rows; ++r)
