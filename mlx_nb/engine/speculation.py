@@ -210,9 +210,13 @@ def cut_back(caches: list, drops: list[int]) -> None:
 
 
 def cache_can_cut_back(caches: list) -> bool:
+    """Plain batch KV caches, float or quantized (engine/kv_quant.py): trim and the right-padding roll
+    take positions off any row's end."""
     from mlx_lm.models.cache import BatchKVCache
 
-    return bool(caches) and all(type(c) is BatchKVCache for c in caches)
+    from mlx_nb.engine.kv_quant import BatchQuantizedKV
+
+    return bool(caches) and all(type(c) in (BatchKVCache, BatchQuantizedKV) for c in caches)
 
 
 def speculable(sampler, processors) -> bool:
