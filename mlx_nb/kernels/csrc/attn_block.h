@@ -6,7 +6,7 @@
 // and bias per `group` values of a key) is dequantized once, into a small float buffer.
 //
 // A row's result depends only on its own keys, in order: scores are each key's own dot product (16
-// keys at once where the instruction set reduces 16 at once, the same sums), and the weighted sum of
+// or 4 keys at once, each key's sum made as alone), and the weighted sum of
 // the values goes over keys in order with one running sum per output, carried across chunks in
 // memory (a float in a register and in memory are the same value). So how rows are grouped into
 // blocks, where chunk boundaries fall and how much left padding a batch adds change nothing.
@@ -94,6 +94,7 @@ void attn_block_t(const AttnBlock& a) {
       if (read && D % V::W == 0)
         for (; j + 16 <= end; j += 16)
           if (!V::dot16(a.q[r], k + (j - j0) * ks, ks, D, sc + j)) break;
+      for (; read && j + 4 <= end; j += 4) dot4<V>(a.q[r], k + (j - j0) * ks, ks, D, sc + j);
       for (; read && j < end; ++j) sc[j] = dot_row<V>(a.q[r], k + (j - j0) * ks, D);
       for (j = j0; j < end; ++j) {
         if (!read || !kept(r, j)) {

@@ -21,6 +21,26 @@ inline float dot_row(const float* q, const float* k, int64_t D) {
   return s;
 }
 
+// dot_row of 4 consecutive keys (k, k + ks, ...) at once: four independent sums instead of one
+// chain of dependent multiply-adds, each key's sum made exactly as dot_row makes it.
+template <class V>
+inline void dot4(const float* q, const float* k, int64_t ks, int64_t D, float* out) {
+  typename V::reg a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+  int64_t d = 0;
+  for (; d + V::W <= D; d += V::W) {
+    const typename V::reg qv = V::load(q + d);
+    a0 = V::fmadd(qv, V::load(k + d), a0);
+    a1 = V::fmadd(qv, V::load(k + ks + d), a1);
+    a2 = V::fmadd(qv, V::load(k + 2 * ks + d), a2);
+    a3 = V::fmadd(qv, V::load(k + 3 * ks + d), a3);
+  }
+  float s[4] = {V::hsum(a0), V::hsum(a1), V::hsum(a2), V::hsum(a3)};
+  for (int i = 0; i < 4; ++i) {
+    for (int64_t t = d; t < D; ++t) s[i] = std::fma(q[t], k[i * ks + t], s[i]);
+    out[i] = s[i];
+  }
+}
+
 // out[d] += sum over keys j < n in order of p[j] * v_j[d] (keys with p[j] == 0, masked or underflowed,
 // skipped; value j at v + j * vs), with the sums held in registers across keys, four vectors of d at a
 // time, starting from out's running sums (a float in a register and in memory are the same value).
