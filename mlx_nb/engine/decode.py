@@ -28,7 +28,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch
 
 from mlx_nb.engine.sampling import TokenSampler
-from mlx_nb.engine.speculation import PromptLookup, cache_can_cut_back, cut_back, plan, speculable
+from mlx_nb.engine.speculation import PromptLookup, accept_sampled, cache_can_cut_back, cut_back, plan, speculable
 from mlx_nb.kernels import ops
 from mlx_nb.models.lora import adapter_rows
 
@@ -123,8 +123,8 @@ class DecodeBatch(GenerationBatch):
     def _speculated(self) -> Optional[list[list[int]]]:
         """One verifying step when rows propose tokens (engine/speculation.py): each row's run of
         tokens (its pending token, then the proposed ones the model agreed with), or None for a
-        plain step. The pending tokens become the first column of the forward; the greedy token
-        after each row's kept run is its next pending token."""
+        plain step. The pending tokens become the first column of the forward; the token after each
+        row's kept run (the greedy one, or a sampled row's draw) is its next pending token."""
         spec = self.speculation
         if spec is None:
             return None
@@ -148,16 +148,21 @@ class DecodeBatch(GenerationBatch):
         self._verify_width = width + 1
         inputs = mx.array([[p, *d, *[p] * (width - len(d))] for p, d in zip(pending, drafts)])
         with adapter_rows(self.model, self.uids):
-            greedy = mx.argmax(self.model(inputs, cache=self.prompt_cache), axis=-1).tolist()
+            logits = self.model(inputs, cache=self.prompt_cache)
+        greedy = mx.argmax(logits, axis=-1).tolist()
         runs, bonus, drops = [], [], []
-        for uid, p, d, g in zip(self.uids, pending, drafts, greedy):
-            kept = 0
-            while kept < len(d) and d[kept] == g[kept]:
-                kept += 1
+        for i, (uid, p, d, g, s) in enumerate(zip(self.uids, pending, drafts, greedy, samplers)):
+            if s.temperature == 0:  # greedy: the run the model's argmax agrees with
+                kept = 0
+                while kept < len(d) and d[kept] == g[kept]:
+                    kept += 1
+                after = g[kept]
+            else:  # sampled: kept with the probability the row gives it (engine/speculation.py)
+                kept, after = accept_sampled(s, logits[i, :len(d) + 1].astype(mx.float32), d)
             if d:
                 spec.record(uid, len(d), kept)
             runs.append([p, *d[:kept]])
-            bonus.append(g[kept])
+            bonus.append(after)
             drops.append(width - kept)
         cut_back(self.prompt_cache, drops)
         spec.speculative_steps += 1

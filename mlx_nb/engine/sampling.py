@@ -84,23 +84,36 @@ class TokenSampler:
                           top_k=full(self.top_k, mx.int32), min_p=full(self.min_p),
                           uniform=lambda: self.uniform(rows), fallback=lambda: self._fallback(logprobs))
 
-    def _fallback(self, logprobs):
-        """mlx_lm's own sampler for these settings (MLX ops), with this request's key when seeded."""
-        import mlx.core as mx
-        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
+    def _filtered(self, logprobs):
+        """The log-probabilities mlx_lm's sampler draws from (before the temperature): top-p, min-p
+        and top-k applied in its order."""
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-        if self._key is None:
-            if self._mlx is None:
-                self._mlx = make_sampler(temp=self.temperature, top_p=self.top_p, min_p=self.min_p, top_k=self.top_k)
-            return self._mlx(logprobs)
         if 0 < self.top_p < 1.0:
             logprobs = apply_top_p(logprobs, self.top_p)
         if self.min_p > 0:
             logprobs = apply_min_p(logprobs, self.min_p)
         if self.top_k > 0:
             logprobs = apply_top_k(logprobs, self.top_k)
+        return logprobs
+
+    def distribution(self, logprobs):
+        """Each row's probabilities of the next token under these settings (a sampled request)."""
+        import mlx.core as mx
+
+        return mx.softmax(self._filtered(logprobs) * (1.0 / self.temperature), axis=-1, precise=True)
+
+    def _fallback(self, logprobs):
+        """mlx_lm's own sampler for these settings (MLX ops), with this request's key when seeded."""
+        import mlx.core as mx
+        from mlx_lm.sample_utils import make_sampler
+
+        if self._key is None:
+            if self._mlx is None:
+                self._mlx = make_sampler(temp=self.temperature, top_p=self.top_p, min_p=self.min_p, top_k=self.top_k)
+            return self._mlx(logprobs)
         self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=sub)
+        return mx.random.categorical(self._filtered(logprobs) * (1.0 / self.temperature), key=sub)
 
 
 class SamplerCache:

@@ -4,9 +4,12 @@ Notebooks and coding agents ask for text that repeats what the prompt holds (an 
 quoted paragraph, a renamed variable). Such a row's next tokens can be guessed with no second
 model: find the latest earlier place in the row's own tokens (prompt and answer) where its last few
 tokens occurred, and propose what followed there. One forward pass of the batch then reads each
-row's pending token and its proposal together; a proposed token is kept while it equals the greedy
-token the model gives at its place, so a row's tokens are exactly those it gives without
-speculation, several of them for the cost of one step when the guess is right.
+row's pending token and its proposal together. A greedy row keeps a proposed token while it equals
+the greedy token the model gives at its place, so its tokens are exactly those it gives without
+speculation; a sampled row keeps it with the probability its settings give it and draws the
+replacement of the first one refused from that distribution without it (speculative sampling, the
+proposal being certain), so its tokens keep their distribution. Either way several tokens can come
+for the cost of one step when the guess is right.
 
 Whether it pays is measured, not assumed. On a CPU, reading L tokens at once costs more than one
 (two cores run out of arithmetic long before a GPU would: a 135M model reads 5 tokens in about
@@ -18,10 +21,9 @@ and none when no width beats a plain step. A width not measured yet is estimated
 that were (a prior slope until then), so the choice corrects itself on each machine and model.
 
 What `DecodeBatch` asks of this module:
-- `plan(...)`: whether this step speculates, and each row's proposal. Only greedy rows without
-  logits processors, logprobs or their own sampler speculate (a sampled row would need rejection
-  sampling against its distribution: those steps run as before), only on caches that can be cut
-  back (plain KV caches), and only while the batch is small (`row_budget`). A row whose lookups find
+- `plan(...)`: whether this step speculates, and each row's proposal. Only rows without logits
+  processors, logprobs, a seed or their own sampler speculate, only on caches that can be cut back
+  (plain KV caches, float or quantized), and only while the batch is small (`row_budget`). A row whose lookups find
   nothing or whose proposals fail is asked again after 2, 4, ... 32 steps, so free text costs next
   to nothing.
 - `PromptLookup.step_started(...)`: the time of each step, for the cost model.
@@ -220,11 +222,33 @@ def cache_can_cut_back(caches: list) -> bool:
 
 
 def speculable(sampler, processors) -> bool:
-    """A row that may speculate: greedy through our own sampler, no logits processors, no logprobs."""
+    """A row that may speculate: our own sampler, greedy or sampled but not seeded (a seed's draws stay
+    the ones it makes without speculation), no logits processors, no logprobs."""
     from mlx_nb.engine.sampling import TokenSampler
 
-    return (isinstance(sampler, TokenSampler) and sampler.temperature == 0 and not sampler.wants_logprobs
+    return (isinstance(sampler, TokenSampler) and not sampler.seeded and not sampler.wants_logprobs
             and not processors)
+
+
+def accept_sampled(sampler, logits, draft: list[int]) -> tuple[int, int]:
+    """(how many of the draft's tokens a sampled row keeps, the token after them), keeping the row's
+    distribution: draft token i (proposed with certainty) is kept with the probability p_i the row's
+    settings give it, and the first one refused is replaced by a draw from p_i without it
+    (speculative sampling with a point-mass draft); after a fully kept draft, a draw from the next p.
+    `logits`: the verifying forward's len(draft) + 1 positions of this row."""
+    import mlx.core as mx
+
+    probs = sampler.distribution(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    kept = 0
+    if draft:
+        chance = probs[mx.arange(len(draft)), mx.array(draft)].tolist()
+        draws = sampler.uniform(len(draft)).tolist()
+        while kept < len(draft) and draws[kept] < chance[kept]:
+            kept += 1
+    row = probs[kept]
+    if kept < len(draft):
+        row = mx.where(mx.arange(row.shape[0]) == draft[kept], 0.0, row)
+    return kept, int(mx.random.categorical(mx.log(row)).item())
 
 
 def plan(spec: PromptLookup, uids: list[int], tokens: list[list[int]], budgets: list[int],

@@ -209,3 +209,96 @@ def test_rows_with_quantized_keys_and_values_speculate_and_give_mlx_lms_tokens(b
         spec = engine.status()["speculation"]
     assert got == want
     assert spec["accepted_tokens"] > 0 and spec["speculative_steps"] > 0
+
+
+def _chi_square_differs(a: list[int], b: list[int], z: float = 3.72) -> tuple[bool, float, float]:
+    """Two-sample chi-square test of homogeneity of token counts (bins under 10 merged): whether the
+    samples differ at about p < 1e-4 (critical value by the Wilson-Hilferty approximation)."""
+    from collections import Counter
+
+    ca, cb = Counter(a), Counter(b)
+    bins, rest = [], [0, 0]
+    for t in set(ca) | set(cb):
+        if ca[t] + cb[t] >= 10:
+            bins.append((ca[t], cb[t]))
+        else:
+            rest[0] += ca[t]
+            rest[1] += cb[t]
+    if sum(rest):
+        bins.append(tuple(rest))
+    na, nb = len(a), len(b)
+    stat = 0.0
+    for x, y in bins:
+        total = x + y
+        for observed, n in ((x, na), (y, nb)):
+            expected = total * n / (na + nb)
+            stat += (observed - expected) ** 2 / expected
+    df = len(bins) - 1
+    critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+    return stat > critical, stat, critical
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_speculative_sampling_keeps_the_distribution(seed):
+    """accept_sampled against the distribution computed in float64 NumPy: over many draws of a random
+    row (random logits, a random two-token draft), the first token is distributed as p0, and the
+    second, when the first is the draft's, as p1 (chi-square goodness of fit, p < 1e-4 would fail);
+    the refused draft token is never the replacement."""
+    import mlx.core as mx
+
+    from mlx_nb.engine.sampling import SamplingParams, TokenSampler
+    from mlx_nb.engine.speculation import accept_sampled
+
+    rng = np.random.default_rng(seed)
+    vocab, temperature = 6, float(rng.uniform(0.5, 1.5))
+    logits = rng.standard_normal((3, vocab)) * 1.5
+    draft = [int(x) for x in rng.choice(vocab, size=2)]
+    p = np.exp(logits / temperature)
+    p /= p.sum(axis=-1, keepdims=True)
+    sampler = TokenSampler(SamplingParams(temperature=temperature), seeded=False)
+    mx.random.seed(seed)
+    firsts, seconds = [], []
+    for _ in range(6000):
+        kept, after = accept_sampled(sampler, mx.array(logits.astype(np.float32)), draft)
+        tokens = [*draft[:kept], after]
+        if kept < len(draft):
+            assert after != draft[kept]
+        firsts.append(tokens[0])
+        if tokens[0] == draft[0]:
+            seconds.append(tokens[1])
+    for sample, want in ((firsts, p[0]), (seconds, p[1])):
+        counts = np.bincount(sample, minlength=vocab)
+        expected = want * len(sample)
+        keep = expected >= 5
+        stat = float((((counts - expected) ** 2 / np.maximum(expected, 1e-12))[keep]).sum())
+        df = int(keep.sum()) - 1
+        if sample is seconds and df < 1:  # the draft's first token is too rare to test what follows it
+            continue
+        critical = df * (1 - 2 / (9 * df) + 3.72 * (2 / (9 * df)) ** 0.5) ** 3
+        assert stat < critical, (stat, critical, counts, expected)
+
+
+def test_sampled_rows_keep_their_distribution_with_speculation(tmp_path):
+    """Through the engine: sampled rows speculate (proposals kept and refused) and the tokens of 60
+    sampled answers with speculation are distributed as those of 60 without (chi-square, p < 1e-4
+    would fail)."""
+    import mlx.core as mx
+
+    path = write_tiny("qwen3", tmp_path / "qwen3", seed=1)
+    text = "3 1 4 1 5 9 2 6 5 3 5 8 9 7 9 3 1 4 1 5 9 2 6 5 3 5"
+    settings = dict(max_tokens=48, temperature=0.08)  # loops, mostly: proposals kept and refused
+
+    def answers(speculation: bool) -> tuple[list[int], dict]:
+        mx.random.seed(11)
+        with Engine(str(path), wait=True, prefix_cache=False, speculation=speculation, max_batch=2) as engine:
+            tokens = []
+            for _ in range(30):
+                pair = [engine.submit(prompt=text, **settings) for _ in range(2)]
+                tokens += [t for h in pair for t in h.result(timeout=120).token_ids[1:]]
+            return tokens, engine.status()["speculation"] or {}
+
+    plain, _ = answers(False)
+    spec_tokens, spec = answers(True)
+    assert 0 < spec["accepted_tokens"] < spec["proposed_tokens"], spec
+    differs, stat, critical = _chi_square_differs(plain, spec_tokens)
+    assert not differs, (stat, critical)
