@@ -87,23 +87,42 @@ void attn_block_t(const AttnBlock& a) {
     const bool read = any_kept(j0, j1);
     int64_t ks = 0;
     const float* k = read ? chunk_at(a, false, j0, j1 - j0, buf.data(), ks) : nullptr;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* sc = scores.data() + r * S;
-      const int64_t end = std::min(j1, a.limit[r]);
-      int64_t j = j0;
-      if (read && D % V::W == 0)
-        for (; j + 16 <= end; j += 16)
-          if (!V::dot16(a.q[r], k + (j - j0) * ks, ks, D, sc + j)) break;
-      for (; read && j + 4 <= end; j += 4) dot4<V>(a.q[r], k + (j - j0) * ks, ks, D, sc + j);
-      for (; read && j < end; ++j) sc[j] = dot_row<V>(a.q[r], k + (j - j0) * ks, D);
-      for (j = j0; j < end; ++j) {
-        if (!read || !kept(r, j)) {
-          sc[j] = -INFINITY;
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      // four rows at once over the keys all of them read, three keys at a time
+      int64_t shared = j0;
+      if (read && r0 + 4 <= rows) {
+        int64_t end4 = j1;
+        const float* qs[4];
+        float* outs[4];
+        for (int i = 0; i < 4; ++i) end4 = std::min(end4, a.limit[r0 + i]), qs[i] = a.q[r0 + i];
+        for (; shared + 3 <= end4; shared += 3) {
+          for (int i = 0; i < 4; ++i) outs[i] = scores.data() + (r0 + i) * S + shared;
+          dot_tile<V>(qs, k + (shared - j0) * ks, ks, D, outs);
+        }
+      }
+      for (int64_t r = r0; r < std::min(rows, r0 + 4); ++r) {
+        float* sc = scores.data() + r * S;
+        const int64_t end = std::min(j1, a.limit[r]);
+        int64_t j = shared;
+        if (read && D % V::W == 0)
+          for (; j + 16 <= end; j += 16)
+            if (!V::dot16(a.q[r], k + (j - j0) * ks, ks, D, sc + j)) break;
+        for (; read && j + 4 <= end; j += 4) dot4<V>(a.q[r], k + (j - j0) * ks, ks, D, sc + j);
+        for (; read && j < end; ++j) sc[j] = dot_row<V>(a.q[r], k + (j - j0) * ks, D);
+        if (read && !a.keep[r] && !a.add_mask[r]) {  // no mask: the scale alone, a vector at a time
+          const typename V::reg sv = V::set1(a.scale);
+          map1<V::W>(sc + j0, sc + j0, end - j0, [&](const float* x, float* y) { V::store(y, V::mul(V::load(x), sv)); });
           continue;
         }
-        float s = sc[j] * a.scale;
-        if (a.add_mask[r]) s += a.add_mask[r][j * a.mask_stride];
-        sc[j] = s;
+        for (j = j0; j < end; ++j) {
+          if (!read || !kept(r, j)) {
+            sc[j] = -INFINITY;
+            continue;
+          }
+          float s = sc[j] * a.scale;
+          if (a.add_mask[r]) s += a.add_mask[r][j * a.mask_stride];
+          sc[j] = s;
+        }
       }
     }
   }
@@ -111,14 +130,21 @@ void attn_block_t(const AttnBlock& a) {
   for (int64_t r = 0; r < rows; ++r) {
     float* sc = scores.data() + r * S;
     const int64_t n = a.limit[r];
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) m = sc[j] > m ? sc[j] : m;
+    float lanes[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    for (int64_t j = 0; j < n; ++j) lanes[j & 7] = sc[j] > lanes[j & 7] ? sc[j] : lanes[j & 7];  // the max: any order
+    float m = lanes[0];
+    for (float x : lanes) m = x > m ? x : m;
     for (int64_t d = 0; d < D; ++d) a.out[r][d] = 0.0f;
     if (m == -INFINITY) continue;
     const typename V::reg mv = V::set1(m);
     map1<V::W>(sc, sc, n, [&](const float* x, float* y) { V::store(y, V::exp(V::sub(V::load(x), mv))); }, -INFINITY);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += sc[j];  // masked keys add exact zeros
+    // The sum in eight lanes counted from the row's first kept key (left padding before it shifts
+    // nothing; masked keys add exact zeros), added up in a fixed order.
+    int64_t first = 0;
+    while (first < n && sc[first] == 0.0f) ++first;
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = first; j < n; ++j) part[(j - first) & 7] += sc[j];
+    const float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     inv[r] = 1.0f / sum;
     live[r] = 1;
   }
@@ -135,9 +161,23 @@ void attn_block_t(const AttnBlock& a) {
     if (!needed) continue;
     int64_t vs = 0;
     const float* v = chunk_at(a, true, j0, j1 - j0, buf.data(), vs);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = std::min(j1, a.limit[r]) - j0;
-      if (live[r] && n > 0) accumulate<V>(scores.data() + r * S + j0, n, v, vs, D, a.out[r]);
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      int64_t common = 0;  // keys of this chunk the four rows all read: summed for the four at once
+      if (r0 + 4 <= rows && live[r0] && live[r0 + 1] && live[r0 + 2] && live[r0 + 3]) {
+        common = j1 - j0;
+        const float* ps[4];
+        float* outs[4];
+        for (int i = 0; i < 4; ++i) {
+          common = std::min(common, a.limit[r0 + i] - j0);
+          ps[i] = scores.data() + (r0 + i) * S + j0, outs[i] = a.out[r0 + i];
+        }
+        common = std::max<int64_t>(common, 0);
+        if (common > 0) accumulate_tile<V>(ps, common, v, vs, D, outs);
+      }
+      for (int64_t r = r0; r < std::min(rows, r0 + 4); ++r) {
+        const int64_t n = std::min(j1, a.limit[r]) - j0 - common;
+        if (live[r] && n > 0) accumulate<V>(scores.data() + r * S + j0 + common, n, v + common * vs, vs, D, a.out[r]);
+      }
     }
   }
   for (int64_t r = 0; r < rows; ++r)

@@ -41,6 +41,65 @@ inline void dot4(const float* q, const float* k, int64_t ks, int64_t D, float* o
   }
 }
 
+// The dot products of 4 queries with 3 consecutive keys (k, k + ks, k + 2 ks) at once, each made
+// exactly as dot_row makes it: out[r][c] for query r and key c. Twelve independent sums that share
+// their loads: the key chunk is read once for four rows.
+template <class V>
+inline void dot_tile(const float* const* q, const float* k, int64_t ks, int64_t D, float* const* out) {
+  using R = typename V::reg;
+  R a[4][3];
+  for (auto& row : a) row[0] = row[1] = row[2] = V::zero();
+  int64_t d = 0;
+  for (; d + V::W <= D; d += V::W) {
+    const R k0 = V::load(k + d), k1 = V::load(k + ks + d), k2 = V::load(k + 2 * ks + d);
+    for (int r = 0; r < 4; ++r) {
+      const R qv = V::load(q[r] + d);
+      a[r][0] = V::fmadd(qv, k0, a[r][0]);
+      a[r][1] = V::fmadd(qv, k1, a[r][1]);
+      a[r][2] = V::fmadd(qv, k2, a[r][2]);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 3; ++c) {
+      float s = V::hsum(a[r][c]);
+      for (int64_t t = d; t < D; ++t) s = std::fma(q[r][t], k[c * ks + t], s);
+      out[r][c] = s;
+    }
+}
+
+// out[r][d] += sum over keys j < n in order of p[r][j] * v_j[d] for 4 rows at once, two vectors of d
+// at a time: each row's sums made exactly as accumulate makes them (a weight of 0 adds an exact 0
+// to a finite sum, so not skipping it changes nothing), each value loaded once for the four rows.
+template <class V>
+inline void accumulate_tile(const float* const* p, int64_t n, const float* v, int64_t vs, int64_t D,
+                            float* const* out) {
+  using R = typename V::reg;
+  int64_t d = 0;
+  for (; d + 2 * V::W <= D; d += 2 * V::W) {
+    R a[4][2];
+    for (int r = 0; r < 4; ++r) a[r][0] = V::load(out[r] + d), a[r][1] = V::load(out[r] + d + V::W);
+    for (int64_t j = 0; j < n; ++j) {
+      const R v0 = V::load(v + j * vs + d), v1 = V::load(v + j * vs + d + V::W);
+      for (int r = 0; r < 4; ++r) {
+        const R pv = V::set1(p[r][j]);
+        a[r][0] = V::fmadd(pv, v0, a[r][0]);
+        a[r][1] = V::fmadd(pv, v1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) V::store(out[r] + d, a[r][0]), V::store(out[r] + d + V::W, a[r][1]);
+  }
+  for (int r = 0; r < 4; ++r)  // the rest of d, row by row
+    if (d < D) {
+      float* o = out[r];
+      for (int64_t t = d; t < D; ++t) {
+        float acc = o[t];
+        for (int64_t j = 0; j < n; ++j)
+          if (p[r][j] != 0.0f) acc = std::fma(p[r][j], v[j * vs + t], acc);
+        o[t] = acc;
+      }
+    }
+}
+
 // out[d] += sum over keys j < n in order of p[j] * v_j[d] (keys with p[j] == 0, masked or underflowed,
 // skipped; value j at v + j * vs), with the sums held in registers across keys, four vectors of d at a
 // time, starting from out's running sums (a float in a register and in memory are the same value).

@@ -131,6 +131,7 @@ struct Scalar {
   static reg set1(float x) { return x; }
   static reg fmadd(reg a, reg b, reg c) { return std::fma(a, b, c); }
   static reg sub(reg a, reg b) { return a - b; }
+  static reg mul(reg a, reg b) { return a * b; }
   static float hsum(reg v) { return v; }
   static bool dot16(const float*, const float*, int64_t, int64_t, float*) { return false; }
   static reg exp(reg v) { return std::exp(v); }
