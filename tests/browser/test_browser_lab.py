@@ -192,11 +192,15 @@ def test_lab_light_and_dark(lab, page):
         _dismiss_dialogs(page)
         tutorial = page.locator(".jp-NotebookPanel").last
         pictures = tutorial.locator(".jp-OutputArea-output .mlx-nb-static img")
+        expect(tutorial.locator(".jp-Cell").first).to_be_visible(timeout=60 * MS)
         tutorial.locator(".jp-Cell").first.click()
+        scroller = tutorial.locator(".jp-WindowedPanel-outer").first
         for _ in range(60):  # Lab renders only the cells in view: scroll down to the pictures
             if pictures.count() >= 2:
                 break
-            page.mouse.wheel(0, 600)
+            # the notebook's own scroller, moved directly: a wheel event lands wherever the mouse is,
+            # and one sent while the page still lays itself out can be lost (seen once: never scrolled)
+            scroller.evaluate("el => el.scrollBy(0, 600)")
             page.wait_for_timeout(250)
         expect(pictures.first).to_be_visible(timeout=10 * MS)
         pictures.nth(1).scroll_into_view_if_needed()
