@@ -26,3 +26,12 @@ def reply_tokens(loaded, prompt_tokens: list[int], max_tokens: int, cache=None) 
     """What the engine's Result.token_ids must hold: the greedy tokens without the stop token."""
     eos = set(loaded.tokenizer.eos_token_ids)
     return [t for t in greedy_alone(loaded, prompt_tokens, max_tokens, cache) if t not in eos]
+
+
+def quantized_cache(loaded, bits: int, group_size: int) -> list:
+    """mlx_lm's own per-request quantized cache for this model: its QuantizedKVCache in place of each
+    plain KVCache (the reference a quantized KV row of the engine must equal)."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    return [QuantizedKVCache(group_size=group_size, bits=bits) if type(c) is KVCache else c
+            for c in loaded.make_cache()]

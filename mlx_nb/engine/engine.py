@@ -4,6 +4,10 @@ One engine thread owns every MLX call, model load included (MLX streams are thre
 threads doing MLX work at once corrupt state). Callers on any thread or event loop talk to it
 through a command queue; replies come back through RequestHandles. Templating and tokenizing
 happen in the caller's thread, so bad input is refused at `submit` with a message naming the field.
+
+Past 500 lines on purpose: this is the one public class callers hold; what it does is already split
+out (submit_request, prefix_controls, adapter_controls, loop, scheduler), and what is left here is the
+thin method per public call.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from mlx_nb.engine.events import EventLog, prompt_snippet
 from mlx_nb.engine.fim import fim_format, fim_prompt
 from mlx_nb.engine.handle import RequestHandle
 from mlx_nb.engine.images import ImageOptions
-from mlx_nb.engine.kv_quant import KVQuantization
+from mlx_nb.engine.kv_quant import KVQuantization, fresh_cache, kv_status
 from mlx_nb.models.cache_layout import describe_layers
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.loop import EngineClosedError, EngineLoop
@@ -459,19 +463,12 @@ class Engine(PrefixCacheControls, AdapterControls):
             "memory": self._loop.memory.status(runner.prefix),
             "options": dict(self.options),
             # the KV cache's format: float, or quantized (bits, group size); and why float when asked otherwise
-            "kv_cache": self._kv_status(),
+            "kv_cache": kv_status(self._loop.kv, self._loop.kv_note),
             "prefix_cache": runner.prefix.status() if runner.prefix is not None else {"enabled": False},
             "adapters": self._adapters_on_thread(),
             "speculation": runner.speculation.status() if runner.speculation is not None else None,
             "requests": requests,
         }
-
-    def _kv_status(self) -> dict:
-        kv, note = self._loop.kv, self._loop.kv_note
-        out = {"bits": None, "group_size": None} if kv is None else {"bits": kv.bits, "group_size": kv.group_size}
-        if note:
-            out["note"] = note
-        return out
 
     def cache_layout(self, request_id: Optional[str] = None) -> dict:
         """Per layer: cache class (nested for CacheList), offset, shapes, dtype, bytes, trimmable; and the
@@ -480,8 +477,7 @@ class Engine(PrefixCacheControls, AdapterControls):
 
         def read():
             prefix = self._loop.runner.prefix
-            fresh = self.loaded.make_cache() if self._loop.kv is None else self._loop.kv.convert(self.loaded.make_cache())
-            layers = (describe_layers(fresh) if request_id is None
+            layers = (describe_layers(fresh_cache(self.loaded, self._loop.kv)) if request_id is None
                       else self._loop.runner.request_layout(request_id))
             return layers, (prefix.status() if prefix is not None else {"enabled": False})
 

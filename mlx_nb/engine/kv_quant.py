@@ -276,6 +276,19 @@ def kv_setting(loaded, kv_bits: Optional[int], kv_group_size: int = 64) -> tuple
     return setting, None
 
 
+def fresh_cache(loaded, setting: Optional[KVQuantization]) -> list:
+    """A new request's cache list for this model under this setting (None: as the model makes it)."""
+    return loaded.make_cache() if setting is None else setting.convert(loaded.make_cache())
+
+
+def kv_status(setting: Optional[KVQuantization], note: Optional[str]) -> dict:
+    """What `status()["kv_cache"]` says: the bits and group size (None for float), and why float if
+    a setting was asked for and does not apply."""
+    out = {"bits": None, "group_size": None} if setting is None else {"bits": setting.bits,
+                                                                       "group_size": setting.group_size}
+    return {**out, "note": note} if note else out
+
+
 def upstream_form(cache: list) -> list:
     """The cache list with each QuantizedKV as mlx_lm's own QuantizedKVCache (the same arrays), the
     class mlx_lm's prompt-cache files name and its loader rebuilds."""

@@ -182,11 +182,10 @@ class EngineLoop:
         if not folder:
             return None
         from mlx_nb.engine.batch_probe import fingerprint
-        from mlx_nb.engine.kv_quant import upstream_form
+        from mlx_nb.engine.kv_quant import fresh_cache, upstream_form
         from mlx_nb.engine.prefix_disk import DiskPrefixStore, layer_classes
 
-        fresh = loaded.make_cache() if self.kv is None else upstream_form(self.kv.convert(loaded.make_cache()))
-        classes = layer_classes(fresh)
+        classes = layer_classes(upstream_form(fresh_cache(loaded, self.kv)))
         if classes is None:  # a cache mlx_lm cannot rebuild from a file (a vision model's own class)
             log.info("mlx_nb: %s's cache cannot be saved to disk; its prefix cache stays in memory", self.model_name)
             return None

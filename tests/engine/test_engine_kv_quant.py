@@ -13,11 +13,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.cache import KVCache
 
 from mlx_nb import Engine
 from mlx_nb.compat.configs import write_tiny
-from mlx_nb.compat.reference import reply_tokens
+from mlx_nb.compat.reference import quantized_cache, reply_tokens
 from mlx_nb.engine.kv_quant import BatchQuantizedKV, KVQuantization, QuantizedKV
 from mlx_nb.engine.prompts import encode_prompt
 from mlx_nb.magics.tables import cache_table, status_table
@@ -29,7 +29,7 @@ GROUP = 32
 
 def _quantized_cache(loaded, bits: int, group: int = GROUP) -> list:
     """mlx_lm's own per-request quantized cache: its QuantizedKVCache for each plain KV layer."""
-    return [QuantizedKVCache(group_size=group, bits=bits) if type(c) is KVCache else c for c in loaded.make_cache()]
+    return quantized_cache(loaded, bits, group)
 
 
 def _waves(engine, loaded, texts: list[str], budgets: list[int], bits: int, group: int = GROUP) -> None:

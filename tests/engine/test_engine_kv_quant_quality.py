@@ -12,10 +12,10 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
+from mlx_lm.models.cache import BatchKVCache
 
 from mlx_nb import Engine
-from mlx_nb.compat.reference import reply_tokens
+from mlx_nb.compat.reference import quantized_cache, reply_tokens
 from mlx_nb.engine.kv_quant import BatchQuantizedKV
 from mlx_nb.engine.prompts import encode_prompt
 from mlx_nb.models import load_model
@@ -70,8 +70,7 @@ def test_the_default_model_serves_8_bit_rows_batched_as_alone(default_model):
     words = TEXT.read_text().split()
     texts = [" ".join(words[s:s + rng.randint(5, 200)]) for s in (rng.randrange(len(words) - 200) for _ in range(6))]
     prompts = [encode_prompt(default_model.tokenizer, t, chat=True) for t in texts]
-    want = [reply_tokens(default_model, p, 12, [QuantizedKVCache(group_size=64, bits=8) if type(c) is KVCache else c
-                                                for c in default_model.make_cache()]) for p in prompts]
+    want = [reply_tokens(default_model, p, 12, quantized_cache(default_model, 8, 64)) for p in prompts]
     with Engine(MODEL, kv_bits=8, wait=True) as engine:
         handles = [engine.submit(prompt=t, max_tokens=12) for t in texts]
         got = [h.result(timeout=300).token_ids for h in handles]

@@ -7,12 +7,11 @@ unnoticed: the sweep fails if fewer than most of them were compared."""
 import random
 
 import pytest
-from mlx_lm.models.cache import KVCache
 
 from mlx_nb import Engine
 from mlx_nb.compat import matrix
 from mlx_nb.compat.configs import write_tiny
-from mlx_nb.compat.reference import reply_tokens
+from mlx_nb.compat.reference import quantized_cache, reply_tokens
 from mlx_nb.engine.prompts import encode_prompt
 from mlx_nb.models import load_model
 
@@ -28,8 +27,6 @@ def _architectures() -> list[str]:
 
 def _one(arch: str, root) -> str:
     """'compared', 'float: <why>' or 'not built: <why>' for this architecture."""
-    from mlx_lm.models.cache import QuantizedKVCache
-
     try:
         path = write_tiny(arch, root / arch, seed=7, variant=WIDE)
         loaded = load_model(str(path))
@@ -55,8 +52,7 @@ def _one(arch: str, root) -> str:
         handles = [engine.submit(prompt=t, max_tokens=8) for t in texts]
         got = [h.result(timeout=120) for h in handles]
     for t, r in zip(texts, got):
-        cache = [QuantizedKVCache(group_size=32, bits=8) if type(c) is KVCache else c for c in loaded.make_cache()]
-        want = reply_tokens(loaded, encode_prompt(loaded.tokenizer, t, chat=False), 8, cache)
+        want = reply_tokens(loaded, encode_prompt(loaded.tokenizer, t, chat=False), 8, quantized_cache(loaded, 8, 32))
         assert r.error is None and r.token_ids == want, (arch, t)
     return "compared"
 

@@ -193,14 +193,13 @@ def test_cut_back_drops_each_rows_last_positions():
 def test_rows_with_quantized_keys_and_values_speculate_and_give_mlx_lms_tokens(bits, tmp_path):
     """Quantized KV caches are cut back like float ones: with speculation, greedy rows give what mlx_lm's
     generate_step gives alone with its own QuantizedKVCache."""
-    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+    from mlx_nb.compat.reference import quantized_cache
 
     path = write_tiny("qwen3", tmp_path / "qwen3", seed=1, variant={"head_dim": 32, "hidden_size": 128})
     loaded = load_model(str(path))
     texts = _texts(bits, 6)
     want = [reply_tokens(loaded, encode_prompt(loaded.tokenizer, t, chat=False), MAX_TOKENS,
-                         [QuantizedKVCache(group_size=32, bits=bits) if type(c) is KVCache else c
-                          for c in loaded.make_cache()]) for t in texts]
+                         quantized_cache(loaded, bits, 32)) for t in texts]
     with Engine(str(path), wait=True, prefix_cache=False, kv_bits=bits, kv_group_size=32) as engine:
         got = []
         for pair in (texts[:2], texts[2:4], texts[4:]):
