@@ -28,6 +28,8 @@ def build_atomically(dest: Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         (tmp / COMPLETE_MARKER).write_text("ok\n")
+        if is_complete(dest):  # a concurrent builder (another process) finished first: keep its copy
+            return dest
         if dest.exists():  # a stale incomplete directory from an older version
             shutil.rmtree(dest)
         try:

@@ -56,3 +56,39 @@ def test_engine_thread_of_a_hybrid_model_does_not_abort_the_process_at_exit(tmp_
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "ok"
+
+
+def test_two_builders_of_one_directory_both_get_the_finished_copy(tmp_path):
+    """Test workers, notebooks and servers may build the same fixture at once: the one that finishes
+    second keeps the first one's complete directory (which a reader may already hold open) and throws
+    its own away, and no temporary directory is left."""
+    import threading
+
+    from mlx_nb.models.atomic import build_atomically, is_complete
+
+    dest, both_writing = tmp_path / "model", threading.Barrier(2)
+    first_done = threading.Event()
+
+    def write(tag):
+        def _write(tmp):
+            (tmp / "weights").write_text(tag)
+            both_writing.wait(timeout=10)
+            if tag == "second":
+                first_done.wait(timeout=10)
+        return _write
+
+    results = {}
+
+    def build(tag):
+        results[tag] = build_atomically(dest, write(tag))
+        if tag == "first":
+            first_done.set()
+
+    threads = [threading.Thread(target=build, args=(t,)) for t in ("first", "second")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert results == {"first": dest, "second": dest}
+    assert is_complete(dest) and (dest / "weights").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
