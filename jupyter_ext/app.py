@@ -89,6 +89,12 @@ class MLXExtension(ExtensionApp):
         True, help="Greedy rows of a small batch verify prompt-lookup guesses (tokens that repeat what the "
         "conversation holds), when the measured step times say it pays; the tokens are the same either way.",
     ).tag(config=True)
+    draft_models = Dict(
+        value_trait=Unicode(),
+        help="Per model, as requests name it or by its source: a draft model of the same tokenizer (a name, folder "
+        "or GGUF) whose greedy guesses the model verifies in the batch, instead of prompt lookup's; the tokens "
+        "stay the model's own. A draft that cannot serve is left out, its reason in the model's status.",
+    ).tag(config=True)
     kv_bits = Int(
         None, allow_none=True,
         help="Quantize each request's keys and values to 8 or 4 bits (None: float): half the KV memory or less, "
@@ -340,11 +346,13 @@ class MLXExtension(ExtensionApp):
 
     def engine_options(self, *names: str) -> dict:
         """The Engine's keyword arguments, from this extension's config; `names` (a model's name and
-        source) pick its own entry of model_kv_bits."""
-        kv_bits = self.kv_bits
+        source) pick its own entries of model_kv_bits and draft_models."""
+        kv_bits, draft = self.kv_bits, None
         for name in names:
             kv_bits = self.model_kv_bits.get(name, kv_bits)
+            draft = self.draft_models.get(name, draft)
         return dict(
+            draft_model=draft,
             kv_bits=kv_bits or None,
             kv_group_size=self.kv_group_size,
             quantize=self.quantize,

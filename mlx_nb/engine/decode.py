@@ -120,6 +120,12 @@ class DecodeBatch(GenerationBatch):
             self.filter(keep)
         return responses
 
+    def filter(self, keep) -> None:
+        super().filter(keep)
+        drafter = self.speculation.drafter if self.speculation is not None else None
+        if drafter is not None:  # a finished row's draft cache goes with it (engine/draft.py)
+            drafter.forget(self.uids)
+
     def _speculated(self) -> Optional[list[list[int]]]:
         """One verifying step when rows propose tokens (engine/speculation.py): each row's run of
         tokens (its pending token, then the proposed ones the model agreed with), or None for a

@@ -92,6 +92,7 @@ class Engine(PrefixCacheControls, AdapterControls):
         batch_policy: Optional[str] = None,
         quantize: Optional[int] = None,
         speculation: bool = True,
+        draft_model: Optional[str] = None,
         kv_bits: Optional[int] = None,
         kv_group_size: int = 64,
         wait: bool = False,
@@ -101,12 +102,13 @@ class Engine(PrefixCacheControls, AdapterControls):
         self.model_name = model or DEFAULT_MODEL
         # prefill_budget_s: while rows decode, prompt chunks are sized so a step takes about this
         # long (None: always prefill_step_size tokens), so long prompts don't stall running streams.
-        # speculation: greedy rows of a small batch verify prompt-lookup guesses (engine/speculation.py)
+        # speculation: greedy rows of a small batch verify prompt-lookup guesses (engine/speculation.py),
+        # or draft_model's (a model of the same tokenizer, engine/draft.py)
         # kv_bits (8 or 4): each request's keys and values quantized, rows of the shared batch all the
         # same (engine/kv_quant.py); a model that cannot read them keeps float ones, and status() says why.
         KVQuantization.parse(kv_bits, kv_group_size)  # a wrong setting is refused here, in one line
         self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size,
-                            prefill_budget_s=prefill_budget_s, speculation=speculation, kv_bits=kv_bits or None,
+                            prefill_budget_s=prefill_budget_s, speculation=speculation, draft_model=draft_model, kv_bits=kv_bits or None,
                             kv_group_size=kv_group_size)
         self.event_log = EventLog(event_capacity)
         self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)

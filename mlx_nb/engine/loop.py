@@ -86,6 +86,7 @@ class EngineLoop:
         self.prefills = None  # a vision model's requests waiting for or in their prefill (VisionPrefills)
         self.memory = None  # MemoryPolicy, set at load
         self.kv, self.kv_note = None, None  # the KV quantization in use, and why not if one was asked for
+        self.draft_note = None  # why the draft model asked for is not used (engine/draft.py)
         self.snapshots = False  # set at load: whether prompts are cut at segment ends for prefix snapshots
         self.runtime: Optional[dict] = None  # read on the engine thread: it asks MLX for the device
         self.thread: Optional[threading.Thread] = None
@@ -153,7 +154,7 @@ class EngineLoop:
             raise ModelLoadError(refusal(self.model_name, self.policy))
         self.loaded = loaded
         self.memory = MemoryPolicy(loaded, **self.memory_options)
-        runner_options = {k: v for k, v in self.options.items() if k not in ("kv_bits", "kv_group_size")}
+        runner_options = {k: v for k, v in self.options.items() if k not in ("kv_bits", "kv_group_size", "draft_model")}
         self.kv, self.kv_note = kv_setting(loaded, self.options.get("kv_bits"), self.options.get("kv_group_size", 64))
         if self.kv_note:
             log.warning("mlx_nb: %s: KV cache stays float: %s", self.model_name, self.kv_note)
@@ -168,8 +169,15 @@ class EngineLoop:
         if reuse:
             budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
             prefix = PrefixCache(self.model_name, budget, disk=self._disk_store(loaded))
+        drafter = None
+        if self.options.get("draft_model") and runner_options.get("speculation", True):
+            from mlx_nb.engine.draft import load_draft
+
+            drafter, self.draft_note = load_draft(loaded, self.options["draft_model"])
+            if self.draft_note:
+                log.warning("mlx_nb: %s: %s", self.model_name, self.draft_note)
         self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, kv=self.kv,
-                                  **runner_options)
+                                  drafter=drafter, draft_note=self.draft_note, **runner_options)
         if loaded.kind == "vision" and self.policy.mode != "sequential":  # else the lane reads the images
             from mlx_nb.engine.vision_prefill import VisionPrefills
 

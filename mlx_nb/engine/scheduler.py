@@ -44,6 +44,8 @@ class BatchRunner:
         policy=None,
         speculation: bool = True,
         kv=None,
+        drafter=None,
+        draft_note=None,
     ):
         self.loaded = loaded
         self.kv = kv  # a KVQuantization: each request's plain KV layers quantized (engine/kv_quant.py)
@@ -68,7 +70,8 @@ class BatchRunner:
         self._peak_batch = 0
         self._read_tokens = 0  # prompt tokens read in the current step, for the pacer
         # prompt-lookup speculation of greedy rows (engine/speculation.py); its counters are status()'s
-        self.speculation = PromptLookup() if speculation and not self.sequential else None
+        # (or a draft model's guesses: engine/draft.py)
+        self.speculation = PromptLookup(drafter=drafter, draft_note=draft_note) if speculation and not self.sequential else None
         self._bg = self._new_generator()
         # LoRA adapters loaded on this model, applied to the rows whose requests name one (models/lora.py)
         self.lora = attach_router(loaded.model, self._adapter_of) if loaded.kind != "vision" else None

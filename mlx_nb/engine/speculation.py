@@ -87,6 +87,8 @@ class PromptLookup:
     proposed: int = 0
     accepted: int = 0
     rows: dict = field(default_factory=dict)  # uid -> RowState
+    drafter: Optional[object] = None  # a DraftModel (engine/draft.py) guesses instead of the lookup
+    draft_note: Optional[str] = None  # why a draft model asked for is not used
     plain_s: dict = field(default_factory=dict)  # batch size -> seconds a plain step takes (decayed mean)
     verify_s: dict = field(default_factory=dict)  # (batch size, width) -> seconds a verifying step takes
     _last: Optional[tuple] = None  # (when the previous step started, its kind)
@@ -111,6 +113,8 @@ class PromptLookup:
     def forget(self, live_uids: list[int]) -> None:
         for uid in [u for u in self.rows if u not in live_uids]:
             del self.rows[uid]
+        if self.drafter is not None:
+            self.drafter.forget(live_uids)
 
     # -- the cost model -------------------------------------------------------------------------
     def step_started(self, now: float, kind: tuple) -> None:
@@ -146,25 +150,29 @@ class PromptLookup:
         slope = sorted(slopes)[len(slopes) // 2] if slopes else PRIOR_SLOPE
         return plain * (1 + max(slope, 0.0) * (width - 1))
 
-    def best_width(self, rates: list[float], lengths: list[int]) -> int:
+    def best_width(self, rates: list[float], lengths: list[int], pending_known: bool = False) -> int:
         """How many tokens a row this step proposes: the number that maximises the expected tokens
-        per second, or 0 when no number beats a plain step by GAIN. Row i's guess begins with its
-        pending token (right with chance rates[i], else the row proposes nothing) and keeps its j-th
-        proposed token with chance rates[i] ** (j + 1)."""
+        per second, or 0 when no number beats a plain step by GAIN. A lookup's guess begins with the
+        row's pending token (right with chance rates[i], else the row proposes nothing) and keeps its
+        j-th proposed token with chance rates[i] ** (j + 1); a draft model's starts after the pending
+        token (`pending_known`), its j-th kept with chance rates[i] ** j."""
         rows = len(rates)
         plain = self.plain_s.get(rows)
         if plain is None:
             return 0
-        best, best_speed = 0, GAIN * rows / plain
+        best, best_speed, shift = 0, GAIN * rows / plain, 0 if pending_known else 1
         for k in range(1, max(lengths) + 1):
             cost = self.verify_cost(rows, k + 1)
-            expected = sum(1 + sum(p ** (j + 1) for j in range(1, min(k, n) + 1)) for p, n in zip(rates, lengths))
+            expected = sum(1 + sum(p ** (j + shift) for j in range(1, min(k, n) + 1)) for p, n in zip(rates, lengths))
             if expected / cost > best_speed:
                 best, best_speed = k, expected / cost
         return best
 
     def status(self) -> dict:
-        return {"method": "prompt lookup", "max_draft": self.max_draft, "steps": self.steps,
+        method = "prompt lookup" if self.drafter is None else "draft model"
+        return {"method": method, **(self.drafter.status() if self.drafter is not None else {}),
+                **({"draft_note": self.draft_note} if self.draft_note else {}),
+                "max_draft": self.max_draft, "steps": self.steps,
                 "speculative_steps": self.speculative_steps, "proposed_tokens": self.proposed,
                 "accepted_tokens": self.accepted,
                 "acceptance": round(self.accepted / self.proposed, 3) if self.proposed else None,
@@ -260,6 +268,8 @@ def plan(spec: PromptLookup, uids: list[int], tokens: list[list[int]], budgets: 
     pays; a row whose guess for its pending token is wrong proposes nothing. A guess not verified
     is scored against the tokens as they come, so a row's rate follows its text at no cost.
     `budgets[i]`: tokens row i may still give after its pending one."""
+    if spec.drafter is not None:
+        return _plan_drafts(spec, uids, tokens, budgets, read_pending)
     limit = spec.draft_limit(len(uids))
     guesses = []
     for uid, row, budget in zip(uids, tokens, budgets):
@@ -289,4 +299,34 @@ def plan(spec: PromptLookup, uids: list[int], tokens: list[list[int]], budgets: 
                 spec.record(uid, 1, 0)
                 guess = []
         drafts.append(guess[1:width + 1])
+    return (pending, drafts) if any(drafts) else None
+
+
+def _plan_drafts(spec: PromptLookup, uids: list[int], tokens: list[list[int]], budgets: list[int],
+                 read_pending: Callable[[], list[int]]) -> Optional[tuple[list[int], list[list[int]]]]:
+    """`plan` with a draft model (engine/draft.py): the width comes first, from the rows' rates (the
+    draft's cost grows with it), then each row whose turn it is drafts that many tokens after its
+    pending one. A row no width pays for waits 2, 4, ... 32 steps and is then tried once at the prior
+    rate (its rate is learnt only from verified drafts, so a row that once drafted badly would
+    otherwise never draft again); a row back at the prior rate stops waiting."""
+    limit = spec.draft_limit(len(uids))
+    states = [spec.rows.setdefault(u, RowState()) for u in uids]
+    due = [st.due <= spec.steps and b > 0 for st, b in zip(states, budgets)]
+    if not any(due):
+        return None
+    for st in states:
+        if st.failures and st.rate >= PRIOR_RATE:
+            st.failures = 0
+    rates = [(PRIOR_RATE if st.failures else st.rate) if d else 0.0 for st, d in zip(states, due)]
+    width = spec.best_width(rates, [min(limit, b) if d else 0 for b, d in zip(budgets, due)], pending_known=True)
+    for st, d in zip(states, due):
+        if d and not width:
+            spec.found_nothing(st)
+        elif d and st.failures:  # this step is its one try
+            st.due = spec.steps + min(2 ** st.failures, MAX_BACKOFF)
+    if not width:
+        return None
+    pending = read_pending()
+    drafts = [spec.drafter.draft(u, [*row, p], min(width, b)) if d else []
+              for u, row, p, b, d in zip(uids, tokens, pending, budgets, due)]
     return (pending, drafts) if any(drafts) else None

@@ -14,6 +14,7 @@ from mlx_nb.compat.configs import write_tiny
 from mlx_nb.engine.prompts import encode_prompt
 from mlx_nb.engine.speculation import PromptLookup, cut_back, propose
 from mlx_nb.models import load_model
+from chi_square import samples_differ
 from reference import reply_tokens
 
 MAX_TOKENS = 48
@@ -210,33 +211,6 @@ def test_rows_with_quantized_keys_and_values_speculate_and_give_mlx_lms_tokens(b
     assert spec["accepted_tokens"] > 0 and spec["speculative_steps"] > 0
 
 
-def _chi_square_differs(a: list[int], b: list[int], z: float = 3.72) -> tuple[bool, float, float]:
-    """Two-sample chi-square test of homogeneity of token counts (bins under 10 merged): whether the
-    samples differ at about p < 1e-4 (critical value by the Wilson-Hilferty approximation)."""
-    from collections import Counter
-
-    ca, cb = Counter(a), Counter(b)
-    bins, rest = [], [0, 0]
-    for t in set(ca) | set(cb):
-        if ca[t] + cb[t] >= 10:
-            bins.append((ca[t], cb[t]))
-        else:
-            rest[0] += ca[t]
-            rest[1] += cb[t]
-    if sum(rest):
-        bins.append(tuple(rest))
-    na, nb = len(a), len(b)
-    stat = 0.0
-    for x, y in bins:
-        total = x + y
-        for observed, n in ((x, na), (y, nb)):
-            expected = total * n / (na + nb)
-            stat += (observed - expected) ** 2 / expected
-    df = len(bins) - 1
-    critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
-    return stat > critical, stat, critical
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_speculative_sampling_keeps_the_distribution(seed):
     """accept_sampled against the distribution computed in float64 NumPy: over many draws of a random
@@ -299,5 +273,5 @@ def test_sampled_rows_keep_their_distribution_with_speculation(tmp_path):
     plain, _ = answers(False)
     spec_tokens, spec = answers(True)
     assert 0 < spec["accepted_tokens"] < spec["proposed_tokens"], spec
-    differs, stat, critical = _chi_square_differs(plain, spec_tokens)
+    differs, stat, critical = samples_differ(plain, spec_tokens)
     assert not differs, (stat, critical)

@@ -59,3 +59,30 @@ def test_a_wrong_kv_setting_stops_the_server_with_one_line(tmp_path):
     out = subprocess.run([jupyter, "mlx", "--MLXExtension.kv_bits=3", "--MLXExtension.load_on_start=False",
                           "--ServerApp.port=0"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "MLXExtension.kv_bits: kv_bits must be one of (4, 8)" in out.stderr
+
+
+def test_a_draft_model_named_for_the_served_model_answers_as_alone_and_status_shows_it(tmp_path):
+    """`--MLXExtension.draft_models=SOURCE=DRAFT`: the model speculates with that draft (here its own
+    weights, so every guess is kept) and answers concurrent chats through the openai SDK as it does
+    alone without speculation; the status says which draft and how many guesses were kept."""
+    a = write_tiny("qwen3", tmp_path / "a", seed=3)
+    texts = [" ".join(str((i * 5 + j) % 40) for j in range(2 + 3 * i)) for i in range(4)]
+    with Engine(str(a), prefix_cache=False, speculation=False, wait=True) as engine:
+        want = [engine.submit(messages=[{"role": "user", "content": t}], max_tokens=48).result(timeout=120).text
+                for t in texts]
+    (tmp_path / "server").mkdir()
+    with serving(tmp_path / "server", str(a), f"--MLXExtension.draft_models={a}={a}") as server:
+        client = openai.OpenAI(base_url=server.url, api_key=server.key, max_retries=0, timeout=300)
+
+        def ask(text):
+            r = client.chat.completions.create(model=str(a), max_tokens=48, temperature=0,
+                                               messages=[{"role": "user", "content": text}])
+            return r.choices[0].message.content
+
+        got = [ask(texts[0])]  # alone, then the rest at once
+        with ThreadPoolExecutor(len(texts)) as pool:
+            got += list(pool.map(ask, texts[1:]))
+        spec = server.get("status")["speculation"]
+    assert got == want
+    assert spec["method"] == "draft model" and spec["draft_model"] == str(a)
+    assert spec["accepted_tokens"] == spec["proposed_tokens"] > 0, spec
