@@ -54,9 +54,10 @@ endif
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(ARGS)
 
 # Two workers (the CI machine's cores; most tests wait on servers, browsers and subprocesses as much
-# as they compute); conftest.py keeps each file's tests, and each notebook's cells, in one worker.
+# as they compute). A file's tests run in one worker: its module fixtures (servers, loaded models) are
+# built once, and a tutorial notebook's cells run in order in one kernel.
 test: setup $(TEST_STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The compatibility matrix: every mlx-lm architecture and every mlx-vlm fixture family, measured
 # against mlx_lm's generate_step / mlx_vlm's own generate, then docs/compatibility.md.
