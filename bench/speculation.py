@@ -84,6 +84,67 @@ def run(engine, streams: int, messages) -> tuple[float, list]:
     return (sum(r.usage.completion_tokens for r in results) - 1) / spent, [r.token_ids for r in results]
 
 
+def copy_runs(context: list[int], answer: list[int], width: int, lookup: bool) -> float:
+    """Tokens per verifying step of `width` (the pending token and width - 1 guesses) over `answer`,
+    had every step verified: with this project's lookup (`lookup`), or with the best guess any prompt
+    lookup could make (the longest run of the answer's next tokens found anywhere before them)."""
+    from mlx_nb.engine.speculation import propose
+
+    i = steps = 0
+    while i < len(answer):
+        seen = context + answer[:i]
+        if lookup:
+            guess = propose(seen, width)
+            run = next((m for m, (a, b) in enumerate(zip(guess, answer[i:])) if a != b), min(len(guess), len(answer) - i))
+        else:
+            run = 0
+            for start in range(len(seen)):
+                m = 0
+                while m < width and i + m < len(answer) and start + m < len(seen) and seen[start + m] == answer[i + m]:
+                    m += 1
+                run = max(run, m)
+        i += max(1, run)
+        steps += 1
+    return len(answer) / steps
+
+
+def forward_costs(engine, context: list[int], widths) -> dict:
+    """Seconds of one forward of w tokens after `context`, over one of 1 token (min of 7), the model
+    alone: what a verifying step of width w costs against a plain step."""
+    import mlx.core as mx
+
+    loaded = engine.loaded
+    cache = loaded.make_cache()
+    mx.eval(loaded.model(mx.array([context]), cache=cache))
+    times = {}
+    for w in (1, *widths):
+        best = float("inf")
+        for _ in range(7):
+            start = time.perf_counter()
+            mx.eval(loaded.model(mx.array([context[-w:]]), cache=cache))
+            best = min(best, time.perf_counter() - start)
+            for c in cache:
+                c.trim(w)
+        times[w] = best
+    return {w: times[w] / times[1] for w in widths}
+
+
+def ceiling(engine, answers: list, widths=range(2, 10)) -> dict:
+    """What prompt lookup could gain on these answers at one stream, at best: tokens a verifying step
+    gives (this lookup's guesses; any copy's) over the step's cost, for each width."""
+    tok = engine.loaded.tokenizer
+    contexts = [tok.apply_chat_template(edit_messages(i), add_generation_prompt=True, tokenize=True)
+                for i in range(len(answers))]
+    cost = forward_costs(engine, contexts[0], widths)
+    rows = {}
+    for w in widths:
+        mine = statistics.mean(copy_runs(c, a, w, True) for c, a in zip(contexts, answers))
+        best = statistics.mean(copy_runs(c, a, w, False) for c, a in zip(contexts, answers))
+        rows[w] = {"cost": cost[w], "lookup_tokens": mine, "any_copy_tokens": best,
+                   "lookup_speedup": mine / cost[w], "any_copy_speedup": best / cost[w]}
+    return rows
+
+
 def main() -> int:
     from mlx_nb import Engine
 
@@ -103,11 +164,13 @@ def main() -> int:
                     rates[w][n][k].append(rate)
                 same &= outputs["on"] == outputs["off"]
     spec = engines["on"].status()["speculation"]
+    answers = [run(engines["off"], 1, lambda _, i=i: edit_messages(i))[1][0] for i in range(len(SNIPPETS))]
+    bound = ceiling(engines["off"], answers)
     for e in engines.values():
         e.close()
     med = {w: {n: {k: statistics.median(v) for k, v in by.items()} for n, by in ns.items()} for w, ns in rates.items()}
     out = {"model": MODEL, "tokens": TOKENS, "reps": REPS, "identical_outputs": same, "median_tokens_per_s": med,
-           "runs": rates, "speculation": spec}
+           "runs": rates, "speculation": spec, "editing_ceiling": bound}
     results = HERE / "results"
     (results / "speculation.json").write_text(json.dumps(out, indent=2))
     lines = ["# Prompt-lookup speculation in the shared batch", "",
@@ -119,7 +182,16 @@ def main() -> int:
         for n, r in ns.items():
             lines.append(f"| {w} | {n} | {r['off']:.1f} | {r['on']:.1f} | **{r['on'] / r['off']:.2f}x** |")
     lines += ["", f"Over the run: {spec['proposed_tokens']} tokens proposed, {spec['accepted_tokens']} accepted "
-              f"({spec['acceptance']}), in {spec['speculative_steps']} of {spec['steps']} decode steps."]
+              f"({spec['acceptance']}), in {spec['speculative_steps']} of {spec['steps']} decode steps.",
+              "", "## What the editing answers allow at one stream", "",
+              "Had every step of the editing answers (one stream, greedy, without speculation) verified a guess of "
+              "w - 1 tokens: the tokens a step gives with this lookup's guesses, and with the best guess any prompt "
+              "lookup could make (the longest run of the answer's next tokens found anywhere before them), against "
+              "the cost of a forward of w tokens over one (the model alone, after the first prompt).", "",
+              "| width w | forward cost | tokens a step: lookup | any copy | speed-up at best: lookup | any copy |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {w} | {r['cost']:.2f}x | {r['lookup_tokens']:.2f} | {r['any_copy_tokens']:.2f} | "
+              f"{r['lookup_speedup']:.2f}x | {r['any_copy_speedup']:.2f}x |" for w, r in bound.items()]
     (results / "speculation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if same else 1
