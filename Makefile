@@ -55,9 +55,10 @@ endif
 
 # Two workers (the CI machine's cores; most tests wait on servers, browsers and subprocesses as much
 # as they compute). A file's tests run in one worker: its module fixtures (servers, loaded models) are
-# built once, and a tutorial notebook's cells run in order in one kernel.
+# built once, and a tutorial notebook's cells run in order in one kernel. Files go out in the order
+# tests/conftest.py gives them, the longest first.
 test: setup $(TEST_STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The compatibility matrix: every mlx-lm architecture and every mlx-vlm fixture family, measured
 # against mlx_lm's generate_step / mlx_vlm's own generate, then docs/compatibility.md.

@@ -17,6 +17,45 @@ sys.path.insert(0, str(Path(__file__).parent))  # helpers shared by the test fol
 TINY_TEXT = ["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"]
 
 
+# The files that take longest (about 35 s to 5 min each on two cores), longest first. `make test`
+# hands whole files to its two workers in collection order (`--no-loadscope-reorder`), so these start
+# first and the short files fill in around them, instead of one long file starting last and keeping
+# one worker busy after the other has finished.
+LONGEST_FIRST = [
+    "tests/browser/test_browser_labextension.py",
+    "tests/server/test_server_agents_live.py",
+    "tests/engine/test_engine_kv_quant_sweep_rest.py",
+    "tests/engine/test_engine_kv_quant_sweep.py",
+    "tests/engine/test_engine_kv_quant_quality.py",
+    "tests/engine/test_engine_draft.py",
+    "tests/engine/test_engine_speculation.py",
+    "tests/server/test_server_kernels.py",
+    "tests/browser/test_browser_lab.py",
+    "tests/server/test_server_kv_quant.py",
+    "tests/server/test_server_models.py",
+    "tests/engine/test_engine_constrained.py",
+    "tests/browser/test_browser_thinking.py",
+    "tests/engine/test_engine_memory.py",
+    "tests/test_make_lab.py",
+    "tests/browser/test_browser_escaping.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (LONGEST_FIRST), then the rest in their usual order; a file's own
+    tests keep theirs (a notebook's cells, a module's shared engine)."""
+    root = Path(str(config.rootpath))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def key(item):
+        try:
+            return rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank))
+        except ValueError:  # a file outside the repository, named on the command line
+            return len(rank)
+
+    items.sort(key=key)
+
+
 @pytest.fixture(scope="session")
 def tiny_text_names():
     return list(TINY_TEXT)
