@@ -277,8 +277,10 @@ class MLXExtension(ExtensionApp):
             return default_prefix_budget() if self.prefix_cache_bytes is None else self.prefix_cache_bytes
 
         entries = {k: v for k, v in entries_from(list(self.models)).items() if k != self.model}
+        drafts = {k: self.engine_options(k, v)["draft_model"] for k, v in entries.items()}
         return ModelRegistry(entries, make_engine, self._memory_budget(), self.keep_alive_s, prefix_bytes,
-                             adapters=adapters_from([*self.adapters, *self.models]))
+                             adapters=adapters_from([*self.adapters, *self.models]),
+                             drafts={k: d for k, d in drafts.items() if d})
 
     def _memory_budget(self) -> int:
         from mlx_nb.engine.memory import physical_memory

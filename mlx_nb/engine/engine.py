@@ -170,9 +170,10 @@ class Engine(PrefixCacheControls, AdapterControls):
 
     @property
     def weights_bytes(self) -> int:
-        """The loaded weights' bytes (0 while loading)."""
+        """The loaded weights' bytes, a draft model's included: what the registry's budget counts (0
+        while loading)."""
         memory = self._loop.memory
-        return memory.weights if memory is not None else 0
+        return memory.weights + memory.draft_weights if memory is not None else 0
 
     @property
     def prefix_budget_bytes(self) -> Optional[int]:

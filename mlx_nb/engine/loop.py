@@ -135,7 +135,7 @@ class EngineLoop:
         from mlx_nb.engine.batchability import after_check, needs_check, policy_for, refusal
         from mlx_nb.engine.kv_quant import kv_setting
         from mlx_nb.engine.layout import always_trimmable
-        from mlx_nb.engine.memory import MemoryPolicy
+        from mlx_nb.engine.memory import MemoryPolicy, weights_bytes
         from mlx_nb.engine.prefix import PrefixCache
         from mlx_nb.engine.scheduler import BatchRunner
         from mlx_nb.models import ModelLoadError, load_model
@@ -165,10 +165,6 @@ class EngineLoop:
         # The sequential lane starts every request from an empty cache: no prefix reuse there.
         reuse = self.prefix_options["enabled"] and self.policy.mode != "sequential"
         self.snapshots = reuse and not all(always_trimmable(c) for c in loaded.make_cache())
-        prefix = None
-        if reuse:
-            budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
-            prefix = PrefixCache(self.model_name, budget, disk=self._disk_store(loaded))
         drafter = None
         if self.options.get("draft_model") and runner_options.get("speculation", True):
             from mlx_nb.engine.draft import load_draft
@@ -176,6 +172,12 @@ class EngineLoop:
             drafter, self.draft_note = load_draft(loaded, self.options["draft_model"])
             if self.draft_note:
                 log.warning("mlx_nb: %s: %s", self.model_name, self.draft_note)
+            else:  # held beside the model's weights: the registry's budget and the prefix budget count it
+                self.memory.draft_weights = weights_bytes(drafter.loaded)
+        prefix = None
+        if reuse:
+            budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
+            prefix = PrefixCache(self.model_name, budget, disk=self._disk_store(loaded))
         self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, kv=self.kv,
                                   drafter=drafter, draft_note=self.draft_note, **runner_options)
         if loaded.kind == "vision" and self.policy.mode != "sequential":  # else the lane reads the images

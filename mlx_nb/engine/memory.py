@@ -55,6 +55,7 @@ class MemoryPolicy:
         import mlx.core as mx
 
         self.weights = weights_bytes(loaded)
+        self.draft_weights = 0  # a draft model's weights, held beside these (engine/draft.py)
         self.memory_limit = int(memory_limit) if memory_limit else None
         self.buffer_cache = DEFAULT_BUFFER_CACHE_BYTES if buffer_cache_bytes is None else int(buffer_cache_bytes)
         if self.memory_limit:
@@ -66,10 +67,10 @@ class MemoryPolicy:
 
     def prefix_budget(self, requested: Optional[int]) -> int:
         """The prefix cache's byte budget: as asked (default a tenth of RAM, at most 4 GiB), and with a
-        memory limit at most half of what the weights leave."""
+        memory limit at most half of what the weights (a draft model's included) leave."""
         budget = default_prefix_budget() if requested is None else int(requested)
         if self.memory_limit:
-            budget = min(budget, max(0, self.memory_limit - self.weights) // 2)
+            budget = min(budget, max(0, self.memory_limit - self.weights - self.draft_weights) // 2)
         return budget
 
     def after_step(self, runner) -> None:
@@ -98,6 +99,7 @@ class MemoryPolicy:
             "peak_bytes": mx.get_peak_memory(),
             "rss_bytes": rss_bytes(),
             "weights_bytes": self.weights,
+            "draft_weights_bytes": self.draft_weights,
             "prefix_cache_bytes": prefix.nbytes if prefix is not None else 0,
             "buffer_cache_limit_bytes": self.buffer_cache,
             "memory_limit_bytes": self.memory_limit,

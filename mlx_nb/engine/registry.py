@@ -5,8 +5,8 @@ What may be served is named up front (`entries`: a name and what `Engine` loads:
 model directory, a `.gguf` file, a hub id), so a request cannot make the server load an arbitrary
 path. The default model is registered pinned: never unloaded.
 
-The budget counts what a loaded model may hold: its weights plus its prefix cache's byte budget
-(the cache grows up to it). Before a load, the model's size is estimated from its files; loading
+The budget counts what a loaded model may hold: its weights (a draft model's included) plus its
+prefix cache's byte budget (the cache grows up to it). Before a load, the model's size is estimated from its files; loading
 past the budget first unloads the least recently used idle models, and a model that still cannot
 fit (too big, or the others are busy) is refused with a message saying why and what to change;
 nothing is loaded to find out. Engines share the process's kernel thread pool (one job at a time),
@@ -142,13 +142,23 @@ def estimate_bytes(source: str) -> Optional[int]:
     return None
 
 
+def with_draft(estimate: Optional[int], draft: Optional[str]) -> Optional[int]:
+    """A model's estimate with its draft model's files added (a draft not on disk yet adds nothing
+    until it is loaded and measured)."""
+    if estimate is None or not draft:
+        return estimate
+    return estimate + (estimate_bytes(draft) or 0)
+
+
 class ModelRegistry:
     """The models one server may serve and the engines of those loaded; thread-safe."""
 
     def __init__(self, entries: dict[str, str], make_engine: Callable[[str], Any], budget_bytes: int,
                  keep_alive_s: float, prefix_bytes: Callable[[Any], int], clock: Callable[[], float] = time.monotonic,
-                 adapters: Optional[dict[str, str]] = None):
-        self.entries = {name: Entry(name, source, estimate=estimate_bytes(source)) for name, source in entries.items()}
+                 adapters: Optional[dict[str, str]] = None, drafts: Optional[dict[str, str]] = None):
+        # a model's estimate counts its draft model's files too (drafts: name -> the draft's source)
+        self.entries = {name: Entry(name, source, estimate=with_draft(estimate_bytes(source), (drafts or {}).get(name)))
+                        for name, source in entries.items()}
         self.adapters = dict(adapters or {})  # name -> folder: LoRA adapters a request may name (model@adapter)
         self.adapter_lock = threading.Lock()
         self.make_engine = make_engine

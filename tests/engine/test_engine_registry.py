@@ -86,6 +86,27 @@ def test_room_is_made_from_the_least_recently_used_idle_model_and_refused_when_b
     assert reg.used_bytes() <= reg.budget_bytes
 
 
+def test_a_models_draft_counts_against_the_budget_before_and_after_it_loads(tmp_path):
+    """Before a load the estimate adds the draft's file to the model's; once loaded, the engine's
+    weights (which Engine.weights_bytes gives with its draft's) are what is counted."""
+    model, draft = tmp_path / "model.gguf", tmp_path / "draft.gguf"
+    model.write_bytes(b"\0" * (8 * MB))
+    draft.write_bytes(b"\0" * (4 * MB))
+    for drafts, fits in (({}, True), ({"a": str(draft)}, False)):
+        reg = ModelRegistry({"a": str(model)}, StandIn, 20 * MB, 60.0, prefix_bytes=lambda engine: 0,
+                            clock=Clock(), drafts=drafts)
+        reg.pin("default", StandIn("default-src"))  # 10 MB held: 8.4 MB more fits, 12.6 MB does not
+        assert reg.entries["a"].estimate == (12 if drafts else 8) * MB
+        if fits:
+            assert reg.engine_for("a").model_name == str(model)
+        else:
+            with pytest.raises(ModelUnavailable, match="needs about 12"):
+                reg.engine_for("a")
+    engine = reg.entries["default"].engine
+    engine.weights_bytes = 15 * MB  # a loaded default whose draft grew what it holds
+    assert reg.used_bytes() == 15 * MB
+
+
 def test_a_failed_load_is_swept_and_tried_again():
     reg, clock = registry(100)
     a = reg.engine_for("a")
