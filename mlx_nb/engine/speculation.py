@@ -87,7 +87,11 @@ class PromptLookup:
     proposed: int = 0
     accepted: int = 0
     rows: dict = field(default_factory=dict)  # uid -> RowState
-    drafter: Optional[object] = None  # a DraftModel (engine/draft.py) guesses instead of the lookup
+    drafter: Optional[object] = None  # a DraftModel (engine/draft.py) guesses where the lookup finds too little
+    # with a drafter: where each row's proposal in flight came from, and per source the tokens
+    # proposed and accepted ("lookup": the row repeated itself; "draft": the draft model's)
+    sources: dict = field(default_factory=dict)
+    by_source: dict = field(default_factory=lambda: {"lookup": [0, 0], "draft": [0, 0]})
     draft_note: Optional[str] = None  # why a draft model asked for is not used
     plain_s: dict = field(default_factory=dict)  # batch size -> seconds a plain step takes (decayed mean)
     verify_s: dict = field(default_factory=dict)  # (batch size, width) -> seconds a verifying step takes
@@ -103,6 +107,10 @@ class PromptLookup:
         """A verified proposal's outcome (the row's rate learns from it)."""
         self.proposed += proposed
         self.accepted += accepted
+        source = self.sources.pop(uid, None)
+        if source is not None:
+            self.by_source[source][0] += proposed
+            self.by_source[source][1] += accepted
         self.rows.setdefault(uid, RowState()).score(accepted, proposed)
 
     def found_nothing(self, state: RowState) -> None:
@@ -113,6 +121,7 @@ class PromptLookup:
     def forget(self, live_uids: list[int]) -> None:
         for uid in [u for u in self.rows if u not in live_uids]:
             del self.rows[uid]
+            self.sources.pop(uid, None)
         if self.drafter is not None:
             self.drafter.forget(live_uids)
 
@@ -170,7 +179,10 @@ class PromptLookup:
 
     def status(self) -> dict:
         method = "prompt lookup" if self.drafter is None else "draft model"
-        return {"method": method, **(self.drafter.status() if self.drafter is not None else {}),
+        return {"method": method,
+                **({**self.drafter.status(), "by_source": {k: {"proposed_tokens": p, "accepted_tokens": a}
+                                                            for k, (p, a) in self.by_source.items()}}
+                   if self.drafter is not None else {}),
                 **({"draft_note": self.draft_note} if self.draft_note else {}),
                 "max_draft": self.max_draft, "steps": self.steps,
                 "speculative_steps": self.speculative_steps, "proposed_tokens": self.proposed,
@@ -305,8 +317,8 @@ def plan(spec: PromptLookup, uids: list[int], tokens: list[list[int]], budgets: 
 def _plan_drafts(spec: PromptLookup, uids: list[int], tokens: list[list[int]], budgets: list[int],
                  read_pending: Callable[[], list[int]]) -> Optional[tuple[list[int], list[list[int]]]]:
     """`plan` with a draft model (engine/draft.py): the width comes first, from the rows' rates (the
-    draft's cost grows with it), then each row whose turn it is drafts that many tokens after its
-    pending one. A row no width pays for waits 2, 4, ... 32 steps and is then tried once at the prior
+    draft's cost grows with it), then each row whose turn it is proposes that many tokens after its
+    pending one: prompt lookup's where the row repeats itself, else the draft's. A row no width pays for waits 2, 4, ... 32 steps and is then tried once at the prior
     rate (its rate is learnt only from verified drafts, so a row that once drafted badly would
     otherwise never draft again); a row back at the prior rate stops waiting."""
     limit = spec.draft_limit(len(uids))
@@ -327,6 +339,19 @@ def _plan_drafts(spec: PromptLookup, uids: list[int], tokens: list[list[int]], b
     if not width:
         return None
     pending = read_pending()
-    drafts = [spec.drafter.draft(u, [*row, p], min(width, b)) if d else []
+    drafts = [_lookup_or_draft(spec, u, [*row, p], min(width, b)) if d else []
               for u, row, p, b, d in zip(uids, tokens, pending, budgets, due)]
     return (pending, drafts) if any(drafts) else None
+
+
+def _lookup_or_draft(spec: PromptLookup, uid: int, context: list[int], k: int) -> list[int]:
+    """The row's k guesses after `context` (its tokens, the pending one last): prompt lookup's when its
+    last max_ngram tokens occurred before, which costs nothing (text the row repeats: an edit, a
+    quote), else the draft's."""
+    guess = propose(context, k, spec.max_ngram, spec.max_ngram)  # only a long repeat: a short one is often chance
+    source = "lookup" if guess else "draft"
+    if not guess:
+        guess = spec.drafter.draft(uid, context, k)
+    if guess:
+        spec.sources[uid] = source
+    return guess

@@ -60,7 +60,12 @@ def _served(path, draft, texts, budgets, rows_per_batch) -> tuple[list, dict]:
             handles = [engine.submit(prompt=t, max_tokens=m)
                        for t, m in zip(texts[i:i + rows_per_batch], budgets[i:i + rows_per_batch])]
             got += [h.result(timeout=120).token_ids for h in handles]
-        return got, engine.status()["speculation"]
+        status = engine.status()
+        spec, memory = status["speculation"], status["memory"]
+        # the draft's weights are held beside the model's, and what the registry's budget counts has both
+        assert memory["draft_weights_bytes"] == spec["draft_weights_bytes"] > 0
+        assert engine.weights_bytes == memory["weights_bytes"] + memory["draft_weights_bytes"]
+        return got, spec
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -74,7 +79,8 @@ def test_greedy_rows_give_mlx_lms_tokens_with_a_draft_that_is_always_right(seed,
         got, spec = _served(path, path, texts, budgets, rows)
         assert got == want, f"{rows} row(s) a batch"
         assert spec["method"] == "draft model" and spec["speculative_steps"] > 0
-        assert spec["accepted_tokens"] == spec["proposed_tokens"] > 0, spec
+        drafted = spec["by_source"]["draft"]  # (where a row repeats itself, prompt lookup guesses instead)
+        assert drafted["accepted_tokens"] == drafted["proposed_tokens"] > 0, spec
         assert spec["draft_rows"] == 0 and spec["draft_cache_bytes"] == 0, "finished rows' draft caches are dropped"
 
 
@@ -94,6 +100,24 @@ def test_greedy_rows_give_mlx_lms_tokens_with_a_draft_that_is_partly_wrong(arch,
         assert spec["proposed_tokens"] > spec["accepted_tokens"], spec
         if noise < 1:
             assert spec["accepted_tokens"] > 0, spec
+
+
+def test_a_row_that_repeats_itself_takes_the_lookups_guess_and_the_draft_catches_up(tmp_path, forced_width):
+    """Rows whose prompts repeat a run of numbers: where a row's last four tokens occurred before,
+    its guess is prompt lookup's (no draft forward), elsewhere the draft's; the draft's cache catches
+    up on the tokens it did not guess. Greedy rows still give mlx_lm's tokens alone."""
+    path = write_tiny("qwen3", tmp_path / "model", seed=8)
+    draft = _noisy_copy(path, tmp_path / "draft", 0.3, 8)
+    loaded = load_model(str(path))
+    runs = [" ".join(str(x) for x in range(a, a + n)) for a, n in ((3, 6), (20, 5), (11, 8))]
+    texts = [f"{run} {run} {run.rsplit(' ', 2)[0]}" for run in runs] + _texts(9, 3)
+    budgets = [MAX_TOKENS] * len(texts)
+    want = [reply_tokens(loaded, encode_prompt(loaded.tokenizer, t, chat=False), m) for t, m in zip(texts, budgets)]
+    got, spec = _served(path, draft, texts, budgets, 3)
+    assert got == want
+    sources = spec["by_source"]
+    assert sources["lookup"]["proposed_tokens"] > 0 and sources["draft"]["proposed_tokens"] > 0, spec
+    assert sources["lookup"]["accepted_tokens"] > 0, spec  # the repeated runs go on as they went before
 
 
 def test_sampled_rows_keep_their_distribution_with_a_draft(tmp_path, forced_width):
@@ -135,6 +159,7 @@ def test_a_draft_that_cannot_serve_is_left_out_and_status_says_why(draft, why, t
     with Engine(str(path), wait=True, prefix_cache=False, draft_model=draft) as engine:
         assert engine.submit(prompt=text, max_tokens=24).result(timeout=120).token_ids == want
         spec = engine.status()["speculation"]
+        assert engine.status()["memory"]["draft_weights_bytes"] == 0  # nothing held for a draft left out
     assert spec["method"] == "prompt lookup" and why in spec["draft_note"] and "\n" not in spec["draft_note"]
 
 
