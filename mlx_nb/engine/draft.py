@@ -4,9 +4,10 @@ Prompt lookup (engine/speculation.py) guesses only text the conversation already
 model guesses any text, at the cost of running it: for each row that speculates, the draft reads
 the row's tokens it has not seen and then proposes `k` tokens greedily, one forward of one token
 each. Where the row repeats itself (its last few tokens occurred before) the lookup's guess is
-taken instead, for free, and the draft catches up on those tokens at its next draft. The served model verifies every row's proposal in the batch's one forward, as it does prompt
-lookup's, so a greedy row's tokens are exactly its tokens without a draft, and a sampled row keeps
-its distribution (a greedy draft is a certain proposal: `speculation.accept_sampled`).
+taken instead, for free, and the draft catches up on those tokens at its next draft. The served
+model verifies every row's proposal in the batch's one forward, as it does prompt lookup's, so a
+greedy row's tokens are exactly its tokens without a draft, and a sampled row keeps its
+distribution (a greedy draft is a certain proposal: `speculation.accept_sampled`).
 
 Each row keeps its own draft cache (mlx_lm's plain KV cache, one row each: the rows that speculate
 are few by the time a step can afford it, see `PromptLookup.row_budget`). What the draft proposed

@@ -6,10 +6,10 @@ model directory, a `.gguf` file, a hub id), so a request cannot make the server 
 path. The default model is registered pinned: never unloaded.
 
 The budget counts what a loaded model may hold: its weights (a draft model's included) plus its
-prefix cache's byte budget (the cache grows up to it). Before a load, the model's size is estimated from its files; loading
-past the budget first unloads the least recently used idle models, and a model that still cannot
-fit (too big, or the others are busy) is refused with a message saying why and what to change;
-nothing is loaded to find out. Engines share the process's kernel thread pool (one job at a time),
+prefix cache's byte budget (the cache grows up to it). Before a load, the model's size is estimated
+from its files; loading past the budget first unloads the least recently used idle models, and a
+model that still cannot fit (too big, or the others are busy) is refused with a message saying why
+and what to change; nothing is loaded to find out. Engines share the process's kernel thread pool (one job at a time),
 so two models stepping at once take turns on the cores rather than oversubscribing them.
 """
 

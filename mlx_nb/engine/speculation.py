@@ -87,7 +87,7 @@ class PromptLookup:
     proposed: int = 0
     accepted: int = 0
     rows: dict = field(default_factory=dict)  # uid -> RowState
-    drafter: Optional[object] = None  # a DraftModel (engine/draft.py) guesses where the lookup finds too little
+    drafter: Optional[object] = None  # a DraftModel (engine/draft.py): guesses where the row does not repeat itself
     # with a drafter: where each row's proposal in flight came from, and per source the tokens
     # proposed and accepted ("lookup": the row repeated itself; "draft": the draft model's)
     sources: dict = field(default_factory=dict)
@@ -318,9 +318,10 @@ def _plan_drafts(spec: PromptLookup, uids: list[int], tokens: list[list[int]], b
                  read_pending: Callable[[], list[int]]) -> Optional[tuple[list[int], list[list[int]]]]:
     """`plan` with a draft model (engine/draft.py): the width comes first, from the rows' rates (the
     draft's cost grows with it), then each row whose turn it is proposes that many tokens after its
-    pending one: prompt lookup's where the row repeats itself, else the draft's. A row no width pays for waits 2, 4, ... 32 steps and is then tried once at the prior
-    rate (its rate is learnt only from verified drafts, so a row that once drafted badly would
-    otherwise never draft again); a row back at the prior rate stops waiting."""
+    pending one: prompt lookup's where the row repeats itself, else the draft's. A row no width pays
+    for waits 2, 4, ... 32 steps and is then tried once at the prior rate (its rate is learnt only
+    from verified drafts, so a row that once drafted badly would otherwise never draft again); a row
+    back at the prior rate stops waiting."""
     limit = spec.draft_limit(len(uids))
     states = [spec.rows.setdefault(u, RowState()) for u in uids]
     due = [st.due <= spec.steps and b > 0 for st, b in zip(states, budgets)]
