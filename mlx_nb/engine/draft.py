@@ -57,7 +57,10 @@ class DraftModel:
     """The draft's weights and one cache per speculating row (`draft`), dropped as rows leave."""
 
     def __init__(self, loaded, vocab_size: Optional[int]):
+        from mlx_nb.engine.memory import weights_bytes
+
         self.loaded = loaded
+        self.weights_bytes = weights_bytes(loaded)  # held beside the model's: the memory budget counts it
         self.vocab_size = vocab_size  # a draft's id past the model's embedding ends its proposal
         self.rows: dict[int, _Row] = {}
         self.drafted = 0  # tokens proposed, over the engine's life
@@ -109,9 +112,7 @@ class DraftModel:
         return sum(c.nbytes for row in self.rows.values() for c in row.cache if not c.empty())
 
     def status(self) -> dict:
-        from mlx_nb.engine.memory import weights_bytes
-
-        return {"draft_model": self.name, "draft_weights_bytes": weights_bytes(self.loaded),
+        return {"draft_model": self.name, "draft_weights_bytes": self.weights_bytes,
                 "draft_rows": len(self.rows), "draft_cache_bytes": self.cache_bytes()}
 
 

@@ -135,7 +135,7 @@ class EngineLoop:
         from mlx_nb.engine.batchability import after_check, needs_check, policy_for, refusal
         from mlx_nb.engine.kv_quant import kv_setting
         from mlx_nb.engine.layout import always_trimmable
-        from mlx_nb.engine.memory import MemoryPolicy, weights_bytes
+        from mlx_nb.engine.memory import MemoryPolicy
         from mlx_nb.engine.prefix import PrefixCache
         from mlx_nb.engine.scheduler import BatchRunner
         from mlx_nb.models import ModelLoadError, load_model
@@ -173,7 +173,7 @@ class EngineLoop:
             if self.draft_note:
                 log.warning("mlx_nb: %s: %s", self.model_name, self.draft_note)
             else:  # held beside the model's weights: the registry's budget and the prefix budget count it
-                self.memory.draft_weights = weights_bytes(drafter.loaded)
+                self.memory.draft_weights = drafter.weights_bytes
         prefix = None
         if reuse:
             budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
