@@ -19,6 +19,19 @@ import httpx
 
 KEY_FILE = "mlx-nb-api-key"
 
+# Server extensions the test servers leave out. jupyter-ai's litellm extension (installed with the
+# test extra) takes 6-8 s of CPU to import on every server start, and no test uses it: its magics are
+# tested through `jupyter mlx` in test_server_jupyter_ai.py.
+LEFT_OUT = {"jupyter_ai_litellm": False}
+
+
+def jupyter_config_dir(path: Path) -> Path:
+    """A user-level Jupyter config folder (for JUPYTER_CONFIG_DIR) that disables LEFT_OUT, as
+    `jupyter server extension disable --user` would; the venv's own config still applies."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "jupyter_server_config.json").write_text(json.dumps({"ServerApp": {"jpserver_extensions": LEFT_OUT}}))
+    return path
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -93,7 +106,7 @@ def serving(root: Path, model: str, *args: str, app: str = "mlx", token: Optiona
     server = Live(root, token, root / "jupyter.sock" if sock else None, cert)
     (root / "notebooks").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_NB_URL") and k != "MLX_NB_TOKEN"}
-    env.update(JUPYTER_RUNTIME_DIR=str(server.runtime), JUPYTER_CONFIG_DIR=str(root / "config"))
+    env.update(JUPYTER_RUNTIME_DIR=str(server.runtime), JUPYTER_CONFIG_DIR=str(jupyter_config_dir(root / "config")))
     cmd = [
         str(Path(sys.executable).with_name("jupyter")),
         app,

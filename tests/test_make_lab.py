@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import free_port
+from live_server import free_port, jupyter_config_dir
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT_S = 120
@@ -49,7 +49,8 @@ def test_make_lab_starts_jupyterlab_and_passes_args(clone, tmp_path):
             f"--IdentityProvider.token={token} --MLXExtension.model=tiny-llama")
     env = {k: v for k, v in os.environ.items() if k not in ("MLX_NB_URL", "MLX_NB_TOKEN")}
     env.update(PYTHONPATH=str(clone), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"))
+               JUPYTER_CONFIG_DIR=str(jupyter_config_dir(tmp_path / "config")),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"))
     log = tmp_path / "make.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(["make", "-o", ".venv/.installed", "-o", "system-deps", "-o", "kernels", "lab",

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from live_server import jupyter_config_dir
 
 CHROMIUM = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else shutil.which("chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "browser"
@@ -102,7 +103,7 @@ class Lab:
         env = {k: v for k, v in os.environ.items() if k not in ("MLX_NB_URL", "MLX_NB_TOKEN", "MLX_NB_NO_STREAM")}
         env.update(
             JUPYTER_RUNTIME_DIR=str(self.root / "runtime"),
-            JUPYTER_CONFIG_DIR=str(self.root / "config"),  # user-level config only; the venv's etc/jupyter stays
+            JUPYTER_CONFIG_DIR=str(jupyter_config_dir(self.root / "config")),  # the venv's etc/jupyter stays
             JUPYTERLAB_SETTINGS_DIR=str(settings),
             JUPYTERLAB_WORKSPACES_DIR=str(self.root / "workspaces"),
             PYTHONUNBUFFERED="1",
