@@ -88,8 +88,9 @@ def test_failures_never_echo_the_upstream(server, internet, tmp_path):
     opts = remote(internet, tmp_path, allow_private=True)
     with pytest.raises(RequestError) as info:
         load_image(f"{server.url}/missing.png", "x", opts)
-    assert "did not answer with an image" in str(info.value)
-    assert "404" not in str(info.value) and "Not Found" not in str(info.value)
+    said = str(info.value).replace(server.url, "URL")  # its port may hold the digits 404
+    assert "did not answer with an image" in said
+    assert "404" not in said and "Not Found" not in said
     with pytest.raises(RequestError, match="the connection failed"):
         load_image("http://127.0.0.1:1/pic.png", "x", opts)  # nothing listens on port 1
     assert len(server.png) > 40
