@@ -1,6 +1,8 @@
 """Build a model directory so that an interrupted build never leaves a half-written model.
 
-Everything is written into a temporary sibling directory and renamed into place at the end.
+Everything is written into a temporary sibling directory and renamed into place at the end. Two
+processes asking for the same model at once (two notebooks' servers, a server and a script) build it
+once: the second waits on a lock file beside it, then finds the first one's build complete.
 """
 
 from __future__ import annotations
@@ -8,8 +10,9 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 COMPLETE_MARKER = ".mlx_nb_complete"
 
@@ -18,11 +21,36 @@ def is_complete(dest: Path) -> bool:
     return (dest / COMPLETE_MARKER).exists()
 
 
+@contextmanager
+def _one_builder(dest: Path) -> Iterator[None]:
+    """Held while `dest` is built: other processes building it wait here (an advisory lock on a
+    hidden sibling file, released by the OS if the builder dies). Where there is no fcntl (Windows),
+    concurrent builders each build and the first rename wins, as below."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(dest.parent / f".{dest.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def build_atomically(dest: Path, write: Callable[[Path], None]) -> Path:
     dest = Path(dest)
     if is_complete(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with _one_builder(dest):
+        return _build(dest, write)
+
+
+def _build(dest: Path, write: Callable[[Path], None]) -> Path:
+    if is_complete(dest):  # built by another process while this one waited
+        return dest
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:

@@ -58,37 +58,43 @@ def test_engine_thread_of_a_hybrid_model_does_not_abort_the_process_at_exit(tmp_
     assert proc.stdout.strip() == "ok"
 
 
-def test_two_builders_of_one_directory_both_get_the_finished_copy(tmp_path):
-    """Test workers, notebooks and servers may build the same fixture at once: the one that finishes
-    second keeps the first one's complete directory (which a reader may already hold open) and throws
-    its own away, and no temporary directory is left."""
+def test_two_builders_of_one_directory_build_it_once(tmp_path):
+    """Test workers, notebooks and servers may ask for the same model at once: the second waits
+    while the first builds, then gets the first one's complete directory without writing its own,
+    and no temporary directory is left (only the hidden lock file)."""
     import threading
+    import time
 
     from mlx_nb.models.atomic import build_atomically, is_complete
 
-    dest, both_writing = tmp_path / "model", threading.Barrier(2)
-    first_done = threading.Event()
+    dest, second_asking = tmp_path / "model", threading.Event()
+    writes = []
 
     def write(tag):
         def _write(tmp):
+            writes.append(tag)
             (tmp / "weights").write_text(tag)
-            both_writing.wait(timeout=10)
-            if tag == "second":
-                first_done.wait(timeout=10)
+            if tag == "first":
+                second_asking.wait(timeout=10)
+                time.sleep(0.5)  # the second builder is inside build_atomically, waiting on the lock
         return _write
 
     results = {}
 
     def build(tag):
+        if tag == "second":
+            second_asking.set()
         results[tag] = build_atomically(dest, write(tag))
-        if tag == "first":
-            first_done.set()
 
-    threads = [threading.Thread(target=build, args=(t,)) for t in ("first", "second")]
-    for t in threads:
-        t.start()
-    for t in threads:
+    first = threading.Thread(target=build, args=("first",))
+    first.start()
+    while not writes:
+        time.sleep(0.01)
+    second = threading.Thread(target=build, args=("second",))
+    second.start()
+    for t in (first, second):
         t.join(timeout=20)
     assert results == {"first": dest, "second": dest}
+    assert writes == ["first"]
     assert is_complete(dest) and (dest / "weights").read_text() == "first"
-    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.lock", "model"]
