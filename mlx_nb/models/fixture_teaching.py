@@ -3,9 +3,10 @@
 A random-weight model never writes a reasoning block of its own, so the routes' handling of one
 (reasoning apart from the answer, a budget that closes it, a schema held by the answer) could only
 be tested on text forced into it. The two thinking fixtures are instead trained at build time (a
-few hundred Adam steps on the tiny model, seconds on a CPU) to answer any question with
+few dozen to a few hundred Adam steps on the tiny model, seconds on a CPU) to answer any question with
 `REASONING` then `ANSWER`, in their family's own markers; training stops once greedy decoding
-gives that reply for held-out questions, so the fixture is known to behave before anyone uses it.
+gives that reply for held-out questions, each token at even odds or better, so the fixture is known
+to behave (sampled too) before anyone uses it.
 Tests then check exact text: the reasoning, the answer, the first N reasoning tokens a budget keeps.
 """
 
@@ -29,7 +30,10 @@ _WORDS = ("what is two plus hello tell me a story count to ten and three the cap
           "a colour sea why how many days week cat dog sum number please quickly respond with one valid "
           "JSON object nothing else no prose markdown code must conform this schema: {\"type\": "
           "\"properties\": [1, 2] you are helpful assistant tools call").split()
-STEPS_MAX, BATCH, POOL, CHECK_EVERY, LEARNING_RATE = 800, 4, 128, 25, 1e-2
+# Checked every 5 steps: a failing check is usually one forward pass of one question, a small part
+# of a step, and training is not monotone (a reply held at step 130 may be lost by 135), so checking
+# often stops it sooner: 55 and 130 steps for the two fixtures, against 75 and 175 every 25 steps.
+STEPS_MAX, BATCH, POOL, CHECK_EVERY, LEARNING_RATE, SURE = 800, 4, 128, 5, 1e-2, 0.5
 # questions it never trained on, with and without a system message (a route may add one)
 HELD_OUT = (
     [{"role": "user", "content": "What is two plus two?"}],
@@ -62,12 +66,15 @@ def _prompt(tokenizer, messages: list[dict], **kwargs) -> list[int]:
 
 
 def _gives(model, prompt: list[int], reply: list[int]) -> bool:
-    """Whether greedy decoding after `prompt` writes `reply`: each reply token is the argmax given
-    the ones before it (one forward pass over prompt and reply, instead of one per token)."""
+    """Whether greedy decoding after `prompt` writes `reply`, each token at even odds or better: each
+    reply token is the argmax given the ones before it, with a probability of at least `SURE` (one
+    forward pass over prompt and reply, instead of one per token). The odds keep sampled replies
+    (temperature 1) on the taught path too, not only greedy ones."""
     import mlx.core as mx
 
-    logits = model(mx.array([prompt + reply[:-1]]))[0, len(prompt) - 1:]
-    return mx.argmax(logits, axis=-1).tolist() == reply
+    logits = model(mx.array([prompt + reply[:-1]]))[0, len(prompt) - 1:].astype(mx.float32)
+    chosen = mx.take_along_axis(mx.softmax(logits, axis=-1), mx.array(reply)[:, None], axis=-1)
+    return mx.argmax(logits, axis=-1).tolist() == reply and mx.min(chosen).item() >= SURE
 
 
 def teach(model_dir: Path, family: str, seed: int) -> int:
