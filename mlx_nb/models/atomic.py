@@ -24,18 +24,22 @@ def is_complete(dest: Path) -> bool:
 @contextmanager
 def _one_builder(dest: Path) -> Iterator[None]:
     """Held while `dest` is built: other processes building it wait here (an advisory lock on a
-    hidden sibling file, released by the OS if the builder dies). Where there is no fcntl (Windows),
-    concurrent builders each build and the first rename wins, as below."""
+    hidden sibling file, released by the OS if the builder dies). The file goes when the build ends,
+    so nothing is left beside the model; a process that opened it just before then may build again
+    at once, and the rename below keeps that safe. Where there is no fcntl (Windows), concurrent
+    builders each build and the first rename wins."""
     try:
         import fcntl
     except ImportError:
         yield
         return
-    with open(dest.parent / f".{dest.name}.lock", "a") as lock:
+    path = dest.parent / f".{dest.name}.lock"
+    with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
+            path.unlink(missing_ok=True)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
