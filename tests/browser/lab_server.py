@@ -8,6 +8,7 @@ which git ignores.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -50,9 +51,16 @@ def extension_installed() -> None:
     _requirements()
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("NOT RUN: node/npm are not installed, so make did not build the Lab extension")
-    listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True)
-    line = next((x for x in (listed.stdout + listed.stderr).splitlines() if "mlx-nb-labextension" in x), "")
+    line = _listed_line()
     assert "enabled" in line and "OK" in line, "the Lab extension is not installed: run make lab"
+
+
+@functools.cache
+def _listed_line() -> str:
+    """The extension's line in `jupyter labextension list`: asked once a test process (the command
+    takes ~5 s of CPU, and nothing installs or removes the extension while the tests run)."""
+    listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True)
+    return next((x for x in (listed.stdout + listed.stderr).splitlines() if "mlx-nb-labextension" in x), "")
 
 
 def _free_port() -> int:
