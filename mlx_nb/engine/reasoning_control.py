@@ -78,12 +78,15 @@ class AnswerOnly:
     """A logits processor (a constraint's) applied to the answer only: during the reasoning the
     logits pass unchanged, and the processor starts when the answer does, as if the answer were
     the whole reply. Before the reply shows whether it reasons, the first token may be the
-    reasoning's start marker or one the constraint allows."""
+    reasoning's start marker or one the constraint allows. A first token the constraint does not
+    allow opens the reasoning: the rest of its start marker follows (harmony's `<|channel|>` must go
+    on as `analysis<|message|>`), since an answer that began with it could never match."""
 
     def __init__(self, make: Callable[[], Callable], ids: MarkerIds, inside: bool):
         self.make, self.tracker = make, ReplyTracker(ids, inside)
         self.inner: Optional[Callable] = None
         self.probe: Optional[Callable] = None  # the processor that judged the first token
+        self.opening = False  # the first token was the start marker's, which the constraint does not allow
 
     def __call__(self, tokens, logits):
         import mlx.core as mx
@@ -100,7 +103,11 @@ class AnswerOnly:
             self.probe = self.make()
             allowed = self.probe(tokens, logits)
             first = t.ids.start[0]
+            self.opening = not (allowed[..., first] > -float("inf")).all().item()
             return mx.where(mx.arange(logits.shape[-1]) == first, logits, allowed)
+        if t.state == "before" and self.opening:  # the start marker so far: its next token follows
+            target = t.ids.start[t.seen]
+            return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(-float("inf"), dtype=logits.dtype))
         self.probe = None
         return logits
 

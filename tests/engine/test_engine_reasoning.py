@@ -125,6 +125,36 @@ def test_a_schema_holds_the_answer_and_not_the_reasoning(thinker):
         assert r.token_ids[12] == end and end not in r.token_ids[:12]  # 12 free tokens, then the answer
 
 
+def test_a_harmony_reply_that_takes_the_channel_marker_under_a_schema_opens_its_reasoning():
+    """Under a constraint, a harmony reply's first token may be `<|channel|>` (the reasoning's
+    start). A reply that takes it, then leans to another channel (`final`), is held to the rest of
+    the reasoning's start marker: read as an answer that began with `<|channel|>`, which no schema
+    allows, the request would fail."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema, "strict": True}}
+    with Engine("tiny-gpt-oss", wait=True) as engine:
+        tok = engine.loaded.tokenizer
+        lean = tok.encode("<|channel|>final<|message|>", add_special_tokens=False)
+        start = tok.encode("<|channel|>analysis<|message|>", add_special_tokens=False)
+        calls = []
+
+        def leaning(tokens, logits):
+            """The model's wish: `lean`, one token a step (the constraint has the last word)."""
+            import mlx.core as mx
+
+            step = len(calls)
+            calls.append(step)
+            if step >= len(lean):
+                return logits
+            return logits + 100.0 * (mx.arange(logits.shape[-1]) == lean[step]).astype(logits.dtype)
+
+        r = engine.submit(messages=[{"role": "user", "content": "hi"}], max_tokens=24, temperature=0,
+                          logits_processors=[leaning], constraint=constraint_of(fmt),
+                          chat_template_kwargs={"reasoning_effort": "low"}).result()
+        assert r.token_ids[:len(start)] == start, tok.decode(r.token_ids)
+        assert r.finish_reason == "length" and r.reasoning
+
+
 def test_thinking_off_gives_no_reasoning(thinker):
     start = _ids(thinker, "<think>")[0]
     h = thinker.submit(messages=[{"role": "user", "content": "hi"}], max_tokens=12, logit_bias={start: -100},
