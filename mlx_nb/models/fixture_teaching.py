@@ -33,7 +33,11 @@ _WORDS = ("what is two plus hello tell me a story count to ten and three the cap
 # Checked every 5 steps: a failing check is usually one forward pass of one question, a small part
 # of a step, and training is not monotone (a reply held at step 130 may be lost by 135), so checking
 # often stops it sooner: 55 and 130 steps for the two fixtures, against 75 and 175 every 25 steps.
+# Four questions a step: two a step learn in half the time, but their replies sampled at temperature
+# 1 stray from the taught path (a schema test then finds no answer in 160 tokens).
 STEPS_MAX, BATCH, POOL, CHECK_EVERY, LEARNING_RATE, SURE = 800, 4, 128, 5, 1e-2, 0.5
+# what a built fixture depends on (its cache fingerprint)
+TRAINING = (STEPS_MAX, BATCH, POOL, CHECK_EVERY, LEARNING_RATE, SURE)
 # questions it never trained on, with and without a system message (a route may add one)
 HELD_OUT = (
     [{"role": "user", "content": "What is two plus two?"}],

@@ -135,8 +135,7 @@ def fingerprint(name: str) -> str:
 
     from mlx_nb.models import fixture_teaching as teaching
 
-    taught = [teaching.REPLIES[TAUGHT[name]], teaching.HELD_OUT, teaching.STEPS_MAX, teaching.CHECK_EVERY,
-              teaching.LEARNING_RATE, teaching.SURE] if name in TAUGHT else None
+    taught = [teaching.REPLIES[TAUGHT[name]], teaching.HELD_OUT, teaching.TRAINING] if name in TAUGHT else None
     parts = vision_spec(name) if name in VISION_CONFIGS else [TINY_CONFIGS[name], _TEMPLATES[name],
                                                                repr(_EXTRA_TOKENS.get(name)), taught]
     spec = json.dumps([*parts, WEIGHT_SCALE, SPECIAL_TOKENS], sort_keys=True)
