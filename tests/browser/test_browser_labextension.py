@@ -432,13 +432,16 @@ def test_sidebar_lists_the_servers_models_and_their_states(tmp_path, page):
         assert not errors, errors
 
 
-def test_inline_completion_in_a_code_cell_and_tab_accepts_it(tmp_path, page):
+def test_inline_completion_in_a_code_cell_and_tab_accepts_it(lab, page):
     """Typing in a code cell shows the shared engine's continuation as ghost text (its request
     shows in the batch as source "completer"); Tab accepts it into the cell."""
     from playwright.sync_api import expect
 
-    extension_installed()
-    with Lab(tmp_path, ["x = 1"], model="tiny-llama") as lab, watched(page, lab, "labext-99-inline-failure") as errors:
+    key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+    before = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0}, timeout=30, trust_env=False,
+                       headers={"Authorization": f"Bearer {key}"}).json()
+    since = before[-1]["seq"] if before else 0
+    with watched(page, lab, "labext-99-inline-failure") as errors:
         notebook, _ = open_notebook(lab, page)
         editor = notebook.locator(".jp-Cell").first.locator(".cm-content")
         editor.click()
@@ -456,11 +459,10 @@ def test_inline_completion_in_a_code_cell_and_tab_accepts_it(tmp_path, page):
         _shot(page, "labext-light-03-inline-completion")
         page.keyboard.press("Tab")
         # accepted into the cell (a next suggestion may show at once: the completer fires as you type)
-        text = cell_text(page, editor, len("x = 1" + typed))
-        assert text.startswith("x = 1\nprint('hello") and len(text) > len("x = 1" + typed), text
-        key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
-        events = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0}, timeout=30, trust_env=False,
-                           headers={"Authorization": f"Bearer {key}"}).json()
+        text = cell_text(page, editor, len(lab.cells[0] + typed))
+        assert text.startswith(lab.cells[0] + "\nprint('hello") and len(text) > len(lab.cells[0] + typed), text
+        events = httpx.get(f"{lab.base}/mlx/v1/events", params={"stream": 0, "since": since}, timeout=30,
+                           trust_env=False, headers={"Authorization": f"Bearer {key}"}).json()
         assert any(e["kind"] == "insert" and e["detail"].get("source") == "completer" for e in events)
         assert not errors, errors
 
