@@ -58,11 +58,10 @@ endif
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(ARGS)
 
 # `make test` sets up two at a time: the system packages beside pip (both mostly download), then the
-# kernels beside the Lab extension (a C++ build that leaves a core idle on its longest file, and a
-# node build). Then two workers (the CI machine's cores; most tests wait on servers, browsers and
-# subprocesses as much as they compute). A file's tests run in one worker: its module fixtures
-# (servers, loaded models) are built once, and a tutorial notebook's cells run in order in one
-# kernel. Files go out in the order tests/conftest.py gives them, the longest first.
+# kernels beside the Lab extension (the node build's npm download overlaps the C++ build). Then two
+# workers, the CI machine's cores (the suite keeps both busy). A file's tests run in one worker: its
+# module fixtures (servers, loaded models) are built once, and a tutorial notebook's cells run in
+# order in one kernel. Files go out in the order tests/conftest.py gives them, the longest first.
 PARALLEL := $(MAKE) --no-print-directory -j2 --output-sync=target
 test:
 	@$(PARALLEL) system-deps $(TEST_STAMP)
