@@ -34,8 +34,8 @@ class _Worker:
                 log.exception("mlx_nb: an engine loop ended with an error")
             finally:
                 fn = None  # an idle worker must not keep the finished job (its engine, its model) alive
+                _idle.put(self)  # idle before the job is seen done: an engine started after join() reuses it
                 done.set()
-                _idle.put(self)
 
 
 class Job:

@@ -132,7 +132,6 @@ def test_recreating_an_engine_five_times_leaves_one_models_memory():
     engine.generate(prompt="warm up", max_tokens=4)
     weights = engine.status()["memory"]["weights_bytes"]
     one = mx.get_active_memory()
-    threads = threading.active_count()
     dropped = []
     for i in range(4):  # as a notebook re-running `engine = Engine(...)`
         dropped.append((weakref.ref(engine), engine._job))
@@ -145,7 +144,13 @@ def test_recreating_an_engine_five_times_leaves_one_models_memory():
     five = mx.get_active_memory()
     engine.close()
     assert five - one < weights / 2, f"{(five - one) / weights:.1f} extra models' worth of memory is held"
-    assert threading.active_count() <= threads + 1, "dropped engines' threads were not reused"
+    # how many threads the drops above needed depends on when each dropped loop noticed; once every
+    # engine has ended, each new one reuses an idle thread instead of adding one
+    threads = threading.active_count()
+    for i in range(4):
+        with Engine("tiny-llama", wait=True) as engine:
+            engine.generate(prompt=f"again {i}", max_tokens=4)
+        assert threading.active_count() <= threads, "an ended engine's thread was not reused"
 
 
 def test_close_ends_every_request_even_when_closing_the_batch_fails():
