@@ -68,6 +68,13 @@ class ReplyTracker:
     def _ends_with(self, seq: tuple) -> bool:
         return bool(seq) and tuple(self._recent[-len(seq):]) == seq
 
+    def next_of(self, seq: tuple) -> int:
+        """The token of `seq` that comes next: after the longest start of it that the reply ends with."""
+        for k in range(len(seq) - 1, 0, -1):
+            if self._ends_with(seq[:k]):
+                return seq[k]
+        return seq[0]
+
     def _could_begin(self, seq: tuple) -> bool:
         """Whether the reply so far (all of it still `before`) is a prefix of `seq`."""
         n = len(self._recent)
@@ -80,13 +87,18 @@ class AnswerOnly:
     the whole reply. Before the reply shows whether it reasons, the first token may be the
     reasoning's start marker or one the constraint allows. A first token the constraint does not
     allow opens the reasoning: the rest of its start marker follows (harmony's `<|channel|>` must go
-    on as `analysis<|message|>`), since an answer that began with it could never match."""
+    on as `analysis<|message|>`), since an answer that began with it could never match.
+    A reply may not end inside its reasoning either (it would have no answer to hold): the odds of
+    ending (`stops`, the end-of-sequence tokens) go to the next token of the marker that ends the
+    reasoning, or for harmony, between the channels, of the one that opens the answer."""
 
-    def __init__(self, make: Callable[[], Callable], ids: MarkerIds, inside: bool):
+    def __init__(self, make: Callable[[], Callable], ids: MarkerIds, inside: bool, stops: tuple = ()):
         self.make, self.tracker = make, ReplyTracker(ids, inside)
         self.inner: Optional[Callable] = None
         self.probe: Optional[Callable] = None  # the processor that judged the first token
         self.opening = False  # the first token was the start marker's, which the constraint does not allow
+        self.stops = tuple(stops)
+        self._is_stop = None  # a mask over the vocabulary, made on the first step that needs it
 
     def __call__(self, tokens, logits):
         import mlx.core as mx
@@ -109,7 +121,23 @@ class AnswerOnly:
             target = t.ids.start[t.seen]
             return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(-float("inf"), dtype=logits.dtype))
         self.probe = None
+        if t.state in ("reasoning", "between") and self.stops:
+            marker = t.ids.end if t.state == "reasoning" else t.ids.answer
+            return self._closing_instead_of_ending(logits, t.next_of(marker))
         return logits
+
+    def _closing_instead_of_ending(self, logits, target: int):
+        import mlx.core as mx
+
+        if target in self.stops:
+            return logits
+        vocab = mx.arange(logits.shape[-1])
+        if self._is_stop is None:
+            self._is_stop = mx.zeros(logits.shape[-1], dtype=mx.bool_).at[mx.array(self.stops)].add(True)
+        ending = mx.logsumexp(logits[..., mx.array(self.stops)], axis=-1, keepdims=True)
+        closing = mx.logaddexp(logits[..., target:target + 1], ending)
+        logits = mx.where(vocab == target, closing, logits)
+        return mx.where(self._is_stop, mx.array(-float("inf"), dtype=logits.dtype), logits)
 
 
 class ThinkingBudget:

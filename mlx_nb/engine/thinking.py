@@ -30,7 +30,8 @@ class Thinking:
     def budget(self, tokens: int) -> ThinkingBudget:
         return ThinkingBudget(tokens, self.ids, self.inside)
 
-    def answer_only(self, make: Callable[[], Callable], first: Callable) -> AnswerOnly:
-        """`first` (already compiled) serves the first use; `make` builds more as needed."""
+    def answer_only(self, make: Callable[[], Callable], first: Callable, stops: tuple = ()) -> AnswerOnly:
+        """`first` (already compiled) serves the first use; `make` builds more as needed; `stops`
+        (end-of-sequence ids) may not end the reply before its answer."""
         made = iter([first])
-        return AnswerOnly(lambda: next(made, None) or make(), self.ids, self.inside)
+        return AnswerOnly(lambda: next(made, None) or make(), self.ids, self.inside, stops)

@@ -125,6 +125,41 @@ def test_a_schema_holds_the_answer_and_not_the_reasoning(thinker):
         assert r.token_ids[12] == end and end not in r.token_ids[:12]  # 12 free tokens, then the answer
 
 
+@pytest.mark.parametrize("model", ["tiny-qwen3-think", "tiny-gpt-oss"])
+def test_a_reply_under_a_schema_that_would_end_in_its_reasoning_closes_it_and_answers(model):
+    """A model that would stop inside its reasoning (here: leaning hard to its end-of-sequence
+    tokens from two tokens into the reasoning on) gives, under a schema, a reasoning that closes and an
+    answer the schema holds, both families; without one, the same lean ends the reply unanswered."""
+    import mlx.core as mx
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema, "strict": True}}
+    with Engine(model, wait=True) as engine:
+        tok = engine.loaded.tokenizer
+        stops = sorted(tok.eos_token_ids)
+        # the reply opens harmony's reasoning itself; the Qwen3-style prompt opened it already
+        opened = len(tok.encode(HARMONY.start, add_special_tokens=False)) if model == "tiny-gpt-oss" else 0
+        prompt_len = []
+
+        def ending(tokens, logits):
+            prompt_len.append(prompt_len[0] if prompt_len else len(tokens))
+            if len(tokens) - prompt_len[0] < opened + 2:
+                return logits
+            is_stop = mx.zeros(logits.shape[-1], dtype=mx.bool_).at[mx.array(stops)].add(True)
+            return logits + 100.0 * is_stop.astype(logits.dtype)
+
+        def ask(**kw):
+            prompt_len.clear()
+            return engine.submit(messages=[{"role": "user", "content": "hi"}], max_tokens=120, temperature=1.0,
+                                 seed=0, logits_processors=[ending], **kw).result()
+
+        free = ask()
+        assert free.finish_reason == "stop" and free.text == "" and free.reasoning, free
+        held = ask(constraint=constraint_of(fmt))
+        assert held.finish_reason == "stop" and held.reasoning, held
+        jsonschema.validate(json.loads(held.text), schema)
+
+
 def test_a_harmony_reply_that_takes_the_channel_marker_under_a_schema_opens_its_reasoning():
     """Under a constraint, a harmony reply's first token may be `<|channel|>` (the reasoning's
     start). A reply that takes it, then leans to another channel (`final`), is held to the rest of
