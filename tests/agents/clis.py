@@ -44,3 +44,9 @@ def binary(agent: str) -> tuple[Optional[Path], str]:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return None, f"npm could not install {PACKAGES[agent]} (is the npm registry reachable?): {' / '.join(tail)}"
     return exe, ""
+
+
+if __name__ == "__main__":  # `make test` installs them while pip runs, instead of in the first agent's test
+    for name in PACKAGES:
+        exe, why = binary(name)
+        print(f"agents: {name} {'ready' if exe else 'not installed: ' + why}")
