@@ -4,7 +4,13 @@ import os
 import sys
 from pathlib import Path
 
-import mlx_nb  # noqa: F401  (must precede any mlx import)
+# One BLAS thread per process (unless the environment says otherwise): `make test` runs two workers
+# on two cores, and OpenBLAS's own threads then spin against the other worker's. Measured on two
+# busy cores, a fixture's training took 0.5-1.3 s a step with OpenBLAS's threads, 0.2-0.3 s with one.
+# Read when OpenBLAS loads (mlx_nb preloads it below); the servers the tests start inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import mlx_nb  # noqa: E402,F401  (must precede any mlx import)
 import pytest
 
 # Servers the tests start keep their prefix cache in memory only (their default folder is shared by
