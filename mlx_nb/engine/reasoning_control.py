@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 from mlx_nb.engine.reasoning import ReasoningFormat
 
 
@@ -129,11 +131,13 @@ class AnswerOnly:
     def _closing_instead_of_ending(self, logits, target: int):
         import mlx.core as mx
 
-        if target in self.stops:
+        width = logits.shape[-1]
+        if self._is_stop is None:  # end-of-sequence ids past the logits (a padded tokenizer) cannot be drawn
+            self.stops = tuple(i for i in self.stops if i < width)
+            self._is_stop = mx.array(np.isin(np.arange(width), self.stops))
+        if not self.stops or target in self.stops:
             return logits
-        vocab = mx.arange(logits.shape[-1])
-        if self._is_stop is None:
-            self._is_stop = mx.zeros(logits.shape[-1], dtype=mx.bool_).at[mx.array(self.stops)].add(True)
+        vocab = mx.arange(width)
         ending = mx.logsumexp(logits[..., mx.array(self.stops)], axis=-1, keepdims=True)
         closing = mx.logaddexp(logits[..., target:target + 1], ending)
         logits = mx.where(vocab == target, closing, logits)
