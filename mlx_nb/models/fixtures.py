@@ -116,8 +116,11 @@ _TEMPLATES = {
 # Fixtures whose tokenizer adds special tokens of its own, and what ends their replies.
 _EXTRA_TOKENS = {"tiny-gpt-oss": (HARMONY_TOKENS, {"eos_token": "<|return|>"})}
 
-# Thinking fixtures taught one reasoning-then-answer reply (fixture_teaching.py), by family.
+# Thinking fixtures taught one reasoning-then-answer reply (fixture_teaching.py), by family. Their
+# recommended sampling (generation_config.json) is greedy: a request that leaves it out, as the Lab's
+# chats do, gets the taught reply itself; one sampled at temperature 1 stays near it, not on it.
 TAUGHT = {"tiny-qwen3-think": "think", "tiny-gpt-oss": "harmony"}
+TAUGHT_SAMPLING = {"temperature": 0.0}
 
 WEIGHT_SCALE = 0.25  # large enough that greedy argmax is decisive, not a near-tie between tokens
 
@@ -135,7 +138,8 @@ def fingerprint(name: str) -> str:
 
     from mlx_nb.models import fixture_teaching as teaching
 
-    taught = [teaching.REPLIES[TAUGHT[name]], teaching.HELD_OUT, teaching.TRAINING] if name in TAUGHT else None
+    taught = ([teaching.REPLIES[TAUGHT[name]], teaching.HELD_OUT, teaching.TRAINING, TAUGHT_SAMPLING]
+              if name in TAUGHT else None)
     parts = vision_spec(name) if name in VISION_CONFIGS else [TINY_CONFIGS[name], _TEMPLATES[name],
                                                                repr(_EXTRA_TOKENS.get(name)), taught]
     spec = json.dumps([*parts, WEIGHT_SCALE, SPECIAL_TOKENS], sort_keys=True)
@@ -157,6 +161,7 @@ def build_tiny(name: str, dest: Path) -> Path:
             from mlx_nb.models.fixture_teaching import teach
 
             teach(tmp, TAUGHT[name], _seed(name))
+            (tmp / "generation_config.json").write_text(json.dumps(TAUGHT_SAMPLING))
 
     return build_atomically(dest, build)
 
