@@ -19,6 +19,7 @@ from mlx_nb.engine import speculation
 from mlx_nb.engine.prompts import encode_prompt
 from mlx_nb.models import load_model
 from reference import reply_tokens
+from step_clock import steady_step_costs  # noqa: F401  (a fixture)
 
 MAX_TOKENS = 40
 
@@ -69,7 +70,7 @@ def _served(path, draft, texts, budgets, rows_per_batch) -> tuple[list, dict]:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_greedy_rows_give_mlx_lms_tokens_with_a_draft_that_is_always_right(seed, tmp_path):
+def test_greedy_rows_give_mlx_lms_tokens_with_a_draft_that_is_always_right(seed, tmp_path, steady_step_costs):
     path = write_tiny("qwen3", tmp_path / "model", seed=seed)
     loaded = load_model(str(path))
     texts = _texts(seed, 6)

@@ -16,6 +16,7 @@ from mlx_nb.engine.speculation import PromptLookup, cut_back, propose
 from mlx_nb.models import load_model
 from chi_square import samples_differ
 from reference import reply_tokens
+from step_clock import steady_step_costs  # noqa: F401  (a fixture)
 
 MAX_TOKENS = 48
 
@@ -32,7 +33,7 @@ def _reference(path, texts, budgets) -> list[list[int]]:
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3", "granite", "qwen3_moe"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_greedy_rows_give_mlx_lms_tokens_with_speculation_alone_and_batched(arch, seed, tmp_path):
+def test_greedy_rows_give_mlx_lms_tokens_with_speculation_alone_and_batched(arch, seed, tmp_path, steady_step_costs):
     path = write_tiny(arch, tmp_path / arch, seed=seed)
     texts = _texts(seed, 9)
     budgets = [MAX_TOKENS - 7 * (i % 4) for i in range(len(texts))]  # runs end inside accepted proposals too
@@ -49,7 +50,7 @@ def test_greedy_rows_give_mlx_lms_tokens_with_speculation_alone_and_batched(arch
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_wrong_guesses_change_no_token(seed, tmp_path, monkeypatch):
+def test_wrong_guesses_change_no_token(seed, tmp_path, monkeypatch, steady_step_costs):
     """Every proposal made wrong at its end (and one in three wholly wrong): rows accept part of a
     guess or none of it, drop different numbers of positions in one step, and still give mlx_lm's
     tokens."""
@@ -191,7 +192,7 @@ def test_cut_back_drops_each_rows_last_positions():
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_rows_with_quantized_keys_and_values_speculate_and_give_mlx_lms_tokens(bits, tmp_path):
+def test_rows_with_quantized_keys_and_values_speculate_and_give_mlx_lms_tokens(bits, tmp_path, steady_step_costs):
     """Quantized KV caches are cut back like float ones: with speculation, greedy rows give what mlx_lm's
     generate_step gives alone with its own QuantizedKVCache."""
     from mlx_nb.compat.reference import quantized_cache
@@ -251,7 +252,7 @@ def test_speculative_sampling_keeps_the_distribution(seed):
         assert stat < critical, (stat, critical, counts, expected)
 
 
-def test_sampled_rows_keep_their_distribution_with_speculation(tmp_path):
+def test_sampled_rows_keep_their_distribution_with_speculation(tmp_path, steady_step_costs):
     """Through the engine: sampled rows speculate (proposals kept and refused) and the tokens of 60
     sampled answers with speculation are distributed as those of 60 without (chi-square, p < 1e-4
     would fail)."""
