@@ -5,9 +5,8 @@ A random-weight model never writes a reasoning block of its own, so the routes' 
 be tested on text forced into it. The two thinking fixtures are instead trained at build time (a
 few dozen to a few hundred Adam steps on the tiny model, seconds on a CPU) to answer any question with
 `REASONING` then `ANSWER`, in their family's own markers (and with `ANSWER` alone when thinking is
-turned off); training stops once greedy decoding
-gives that reply for held-out questions, each token at 0.9 or better, so the fixture is known
-to behave (sampled too) before anyone uses it.
+turned off); training stops once greedy decoding gives that reply for held-out questions, each
+token at 0.9 or better, so the fixture is known to behave (sampled too) before anyone uses it.
 Tests then check exact text: the reasoning, the answer, the first N reasoning tokens a budget keeps.
 """
 
