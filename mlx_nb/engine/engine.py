@@ -293,8 +293,7 @@ class Engine(PrefixCacheControls, AdapterControls):
         if constraint is not None:  # last: after bias and penalties, nothing can lift what it masks
             processor = processor_for(loaded, constraint)  # compiled here: a bad grammar fails the submit
             if thinking is not None:  # the answer only: the reasoning is free text
-                processor = thinking.answer_only(lambda: processor_for(loaded, constraint), processor,
-                                                 tuple(getattr(loaded.tokenizer, "eos_token_ids", None) or ()))
+                processor = thinking.answer_only(lambda: processor_for(loaded, constraint), processor)
             logits_processors = [*logits_processors, processor]
         handle = RequestHandle(rid, self._loop.abort, prompt_tokens=len(tokens), max_tokens=sampling.max_tokens)  # the loop, not self: a handle never pins an Engine
         live = LiveRequest(

@@ -100,7 +100,7 @@ class AnswerOnly:
         self.probe: Optional[Callable] = None  # the processor that judged the first token
         self.opening = False  # the first token was the start marker's, which the constraint does not allow
         self.stops = tuple(stops)
-        self._is_stop = None  # a mask over the vocabulary, made on the first step that needs it
+        self._is_stop = self._stop_ids = self._vocab = None  # made once, on the first step that needs them
 
     def __call__(self, tokens, logits):
         import mlx.core as mx
@@ -131,16 +131,16 @@ class AnswerOnly:
     def _closing_instead_of_ending(self, logits, target: int):
         import mlx.core as mx
 
-        width = logits.shape[-1]
-        if self._is_stop is None:  # end-of-sequence ids past the logits (a padded tokenizer) cannot be drawn
+        if self._vocab is None:  # end-of-sequence ids past the logits (a padded tokenizer) cannot be drawn
+            width = logits.shape[-1]
             self.stops = tuple(i for i in self.stops if i < width)
             self._is_stop = mx.array(np.isin(np.arange(width), self.stops))
+            self._stop_ids, self._vocab = mx.array(self.stops or (0,)), mx.arange(width)
         if not self.stops or target in self.stops:
             return logits
-        vocab = mx.arange(width)
-        ending = mx.logsumexp(logits[..., mx.array(self.stops)], axis=-1, keepdims=True)
+        ending = mx.logsumexp(logits[..., self._stop_ids], axis=-1, keepdims=True)
         closing = mx.logaddexp(logits[..., target:target + 1], ending)
-        logits = mx.where(vocab == target, closing, logits)
+        logits = mx.where(self._vocab == target, closing, logits)
         return mx.where(self._is_stop, mx.array(-float("inf"), dtype=logits.dtype), logits)
 
 

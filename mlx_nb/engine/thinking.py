@@ -16,13 +16,15 @@ class Thinking:
     fmt: ReasoningFormat
     ids: MarkerIds
     inside: bool  # the prompt left the reply inside an open reasoning block
+    stops: tuple = ()  # the tokenizer's end-of-sequence ids: a reply held to a constraint may not end unanswered
 
     @classmethod
     def of(cls, fmt: Optional[ReasoningFormat], tokenizer: Any, prompt_tokens: list[int]) -> Optional["Thinking"]:
         if fmt is None:
             return None
         tail = tokenizer.decode(prompt_tokens[-64:])  # the end of the prompt is enough to see an open block
-        return cls(fmt, MarkerIds(fmt, tokenizer), starts_inside(fmt, tail))
+        return cls(fmt, MarkerIds(fmt, tokenizer), starts_inside(fmt, tail),
+                   tuple(getattr(tokenizer, "eos_token_ids", None) or ()))
 
     def split(self) -> ReasoningSplit:
         return ReasoningSplit(self.fmt, self.inside)
@@ -30,8 +32,7 @@ class Thinking:
     def budget(self, tokens: int) -> ThinkingBudget:
         return ThinkingBudget(tokens, self.ids, self.inside)
 
-    def answer_only(self, make: Callable[[], Callable], first: Callable, stops: tuple = ()) -> AnswerOnly:
-        """`first` (already compiled) serves the first use; `make` builds more as needed; `stops`
-        (end-of-sequence ids) may not end the reply before its answer."""
+    def answer_only(self, make: Callable[[], Callable], first: Callable) -> AnswerOnly:
+        """`first` (already compiled) serves the first use; `make` builds more as needed."""
         made = iter([first])
-        return AnswerOnly(lambda: next(made, None) or make(), self.ids, self.inside, stops)
+        return AnswerOnly(lambda: next(made, None) or make(), self.ids, self.inside, self.stops)
