@@ -118,17 +118,15 @@ def quantize(src: Path, dest: Path, kind: str, *extra: str) -> Path:
 
     if dest.exists():
         return dest
+    tool = llama_tool("llama-quantize")
+    if tool is None:
+        raise SystemExit("llama-quantize not found: set LLAMA_CPP_BIN to the folder of llama.cpp's tools")
     tmp = dest.with_suffix(".tmp")
-    subprocess.run([llama_tool("llama-quantize"), *extra, str(src), str(tmp), kind], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=_tool_env())
+    subprocess.run([tool, *extra, str(src), str(tmp), kind], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                   env={**os.environ, "LD_LIBRARY_PATH": str(Path(tool).parent)})
     tmp.rename(dest)
     return dest
-
-
-def _tool_env() -> dict:
-    from servers import llama_tool
-
-    return {**os.environ, "LD_LIBRARY_PATH": str(Path(llama_tool("llama-quantize")).parent)}
 
 
 def shaped(name: str, kind: str = "Q4_K_M") -> Path:
