@@ -5,6 +5,10 @@
 
 #include <cstdint>
 
+// For a kernel's per-block helpers: GCC otherwise keeps the 5- and 6-bit unpacking out of line, and
+// a block's eight unpacked registers then go through the stack on every call.
+#define MLXNB_ALWAYS_INLINE inline __attribute__((always_inline))
+
 namespace mlxnb {
 
 constexpr int kBlock = 32;  // activation block: one int8 scale per 32 values (GGUF's Q8 block)

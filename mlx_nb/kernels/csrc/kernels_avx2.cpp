@@ -129,7 +129,7 @@ inline __m256i or_masked(__m256i w, __m256i shifted, __m256i mask) {
 // The q of outputs 8h .. 8h + 7 of a block as bytes: w[j] holds inputs 4j .. 4j + 3 (isa.h's layout;
 // 5 and 6 bits as in kernels_avx512.cpp). Not for 8 bits, which block_dot reads by nibbles.
 template <int BITS>
-inline void unpack(const uint8_t* wb, int h, __m256i w[8]) {
+MLXNB_ALWAYS_INLINE void unpack(const uint8_t* wb, int h, __m256i w[8]) {
   const __m256i nib = _mm256_set1_epi8(0x0F);
   for (int j = 0; j < 4; ++j) {
     const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + j * 64 + h * 32));
@@ -165,7 +165,7 @@ inline void unpack(const uint8_t* wb, int h, __m256i w[8]) {
 // Q6_K needs the halves apart). maddubs' 16-bit sums stay exact: a 4-bit weight (or a nibble of an
 // 8-bit one) times 127, 8 products deep, is at most 30,480; 5-bit 4 deep 31,496; 6-bit 2 deep 32,004.
 template <int BITS>
-inline void block_dot(const uint8_t* wb, int h, const __m256i w[8], const int8_t* xb, __m256i out[2]) {
+MLXNB_ALWAYS_INLINE void block_dot(const uint8_t* wb, int h, const __m256i w[8], const int8_t* xb, __m256i out[2]) {
   const __m256i ones = _mm256_set1_epi16(1);
   auto mul = [&](int j) { return _mm256_maddubs_epi16(w[j], bcast4(xb + 4 * j)); };
   if constexpr (BITS == 4) {
@@ -202,7 +202,7 @@ inline void block_dot(const uint8_t* wb, int h, const __m256i w[8], const int8_t
 // The scales of outputs 8h .. 8h + 7 of tile t for input block b: s0 for inputs 0-15, s1 for 16-31
 // (Q6_K's 16-weight sub-blocks; the other schemes use s0 and b0 alone).
 template <int SCHEME, bool HALF>
-inline void block_scales(const QGemm& g, int64_t t, int64_t b, int h, __m256& s0, __m256& b0, __m256& s1,
+MLXNB_ALWAYS_INLINE void block_scales(const QGemm& g, int64_t t, int64_t b, int h, __m256& s0, __m256& b0, __m256& s1,
                          __m256& b1) {
   const int64_t nb = g.K / kBlock;
   if constexpr (SCHEME == kAffine) {

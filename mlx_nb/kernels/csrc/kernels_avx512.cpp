@@ -114,7 +114,7 @@ inline __m512i or_masked(__m512i w, __m512i shifted, __m512i mask) {
 
 // The q of a block as bytes: w[j] holds inputs 4j .. 4j + 3 of each of the 16 outputs (isa.h's layout).
 template <int BITS>
-inline void unpack(const uint8_t* wb, __m512i w[8]) {
+MLXNB_ALWAYS_INLINE void unpack(const uint8_t* wb, __m512i w[8]) {
   if constexpr (BITS == 8) {
     for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wb + j * 64);
     return;
@@ -151,7 +151,7 @@ inline void unpack(const uint8_t* wb, __m512i w[8]) {
 // The int32 dot products of one digit of a block's activations (at xb) with its 16 outputs: of
 // inputs 0-15 (a) and 16-31 (b). Four independent chains: dpbusd's latency, not its throughput,
 // bounds a row.
-inline void dots(const __m512i w[8], const int8_t* xb, __m512i& a, __m512i& b) {
+MLXNB_ALWAYS_INLINE void dots(const __m512i w[8], const int8_t* xb, __m512i& a, __m512i& b) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
   for (int j = 0; j < 4; j += 2) {
     a0 = _mm512_dpbusd_epi32(a0, w[j], bcast4(xb + 4 * j));
