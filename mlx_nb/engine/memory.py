@@ -46,7 +46,7 @@ def rss_bytes() -> Optional[int]:
 def weights_bytes(loaded) -> int:
     from mlx.utils import tree_flatten
 
-    module = loaded.vision_model if loaded.vision_model is not None else loaded.model
+    module = loaded.whole_model
     return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
 
 

@@ -30,6 +30,11 @@ class LoadedModel:
     sequential: Optional[str] = None  # why the model itself can only serve one request at a time
 
     @property
+    def whole_model(self) -> Any:
+        """Every weight the model holds: the full vision model for a vision model, else the model."""
+        return self.vision_model if self.vision_model is not None else self.model
+
+    @property
     def context_length(self) -> int:
         cfg = self.config.get("text_config", self.config)
         for key in ("max_position_embeddings", "context_length", "max_sequence_length"):

@@ -47,6 +47,9 @@ def load_model(name_or_path: Optional[str] = None, quantize: Optional[int] = Non
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(f"could not load {name} from {path}: {first}") from exc
     _apply_dtype_policy(loaded, runtime.quantize_bits(quantize))
+    from mlx_nb.models.huge_pages import collapse
+
+    collapse(loaded.whole_model)
     loaded.weights = weights_held(loaded)
     from mlx_nb.models.sampling_defaults import read
 
@@ -63,7 +66,7 @@ def weights_held(loaded: LoadedModel) -> dict:
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    target = loaded.vision_model if loaded.vision_model is not None else loaded.model
+    target = loaded.whole_model
     formats: Counter = Counter(loaded.formats or {})
     if not formats:
         from mlx_nb.kernels.layers import Packed
@@ -106,7 +109,7 @@ def _apply_dtype_policy(loaded: LoadedModel, quantize: Optional[int]) -> None:
     import mlx.core as mx
     from mlx.utils import tree_map
 
-    target = loaded.vision_model if loaded.vision_model is not None else loaded.model
+    target = loaded.whole_model
     if policy == "kernels":
         from mlx_nb.kernels.swap import floats_to_float32, swap_model
 

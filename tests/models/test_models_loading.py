@@ -1,6 +1,7 @@
 """load_model: the real default model offline, and one-line errors for every bad input."""
 
 import shutil
+import sys
 
 import pytest
 
@@ -102,3 +103,36 @@ def test_gguf_path_is_converted_once_into_the_cache(tmp_path, monkeypatch):
     first = load_model(str(copy))
     second = load_model(str(copy))
     assert first.path == second.path and first.path.parent == tmp_path / "home" / "models"
+
+
+def _huge_page_bytes(addresses: list[int]) -> int:
+    """AnonHugePages of the mappings holding `addresses` (/proc/self/smaps), each mapping once."""
+    total, mappings, current = 0, set(), None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                current = (lo, hi) if any(lo <= a < hi for a in addresses) else None
+            elif head == "AnonHugePages:" and current is not None and current not in mappings:
+                mappings.add(current)
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+def test_the_big_weights_are_collapsed_into_huge_pages_where_the_system_has_them(smollm2, monkeypatch):
+    from mlx.utils import tree_flatten
+
+    from mlx_nb.models import huge_pages
+
+    big = [a for _, a in tree_flatten(smollm2.whole_model.parameters()) if a.nbytes >= 2 * huge_pages.HUGE]
+    assert big, "the default model holds a tensor of 4 MiB or more (its embedding)"
+    in_huge = _huge_page_bytes([huge_pages._address(a) for a in big])  # as load_model left them
+    collapsed = huge_pages.collapse(smollm2.whole_model)  # whether this system collapses at all
+    # 0 where the system gives none (THP off, a kernel before 6.1, memory too fragmented right now)
+    if collapsed:  # then load_model put at least each big tensor's whole 2 MiB pages into huge pages
+        whole = sum((a.nbytes - huge_pages.HUGE) // huge_pages.HUGE * huge_pages.HUGE for a in big)
+        assert in_huge >= whole > 0
+    monkeypatch.setenv("MLX_NB_HUGE_PAGES", "0")
+    assert huge_pages.collapse(smollm2.whole_model) == 0
