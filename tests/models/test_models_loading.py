@@ -121,18 +121,22 @@ def _huge_page_bytes(addresses: list[int]) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
-def test_the_big_weights_are_collapsed_into_huge_pages_where_the_system_has_them(smollm2, monkeypatch):
+def test_load_model_collapses_the_big_weights_into_huge_pages_where_the_system_has_them(monkeypatch):
     from mlx.utils import tree_flatten
 
     from mlx_nb.models import huge_pages
 
-    big = [a for _, a in tree_flatten(smollm2.whole_model.parameters()) if a.nbytes >= 2 * huge_pages.HUGE]
+    real, calls = huge_pages.collapse, []
+    monkeypatch.setattr(huge_pages, "collapse", lambda module: calls.append(module) or real(module))
+    loaded = load_model("smollm2-135m-instruct")
+    assert calls == [loaded.whole_model]  # every weight the model holds, once, as it loads
+
+    big = [a for _, a in tree_flatten(loaded.whole_model.parameters()) if a.nbytes >= 2 * huge_pages.HUGE]
     assert big, "the default model holds a tensor of 4 MiB or more (its embedding)"
-    in_huge = _huge_page_bytes([huge_pages._address(a) for a in big])  # as load_model left them
-    collapsed = huge_pages.collapse(smollm2.whole_model)  # whether this system collapses at all
-    # 0 where the system gives none (THP off, a kernel before 6.1, memory too fragmented right now)
-    if collapsed:  # then load_model put at least each big tensor's whole 2 MiB pages into huge pages
+    # 0 where the system gives none: THP off, Linux before 6.1, no free huge pages right now
+    collapsed = real(loaded.whole_model)
+    if collapsed:  # what it says it collapsed sits in huge pages: each big tensor's whole 2 MiB pages
         whole = sum((a.nbytes - huge_pages.HUGE) // huge_pages.HUGE * huge_pages.HUGE for a in big)
-        assert in_huge >= whole > 0
+        assert _huge_page_bytes([huge_pages._address(a) for a in big]) >= collapsed >= whole > 0
     monkeypatch.setenv("MLX_NB_HUGE_PAGES", "0")
-    assert huge_pages.collapse(smollm2.whole_model) == 0
+    assert real(loaded.whole_model) == 0

@@ -165,7 +165,8 @@ MLXNB_ALWAYS_INLINE void unpack(const uint8_t* wb, int h, __m256i w[8]) {
 // Q6_K needs the halves apart). maddubs' 16-bit sums stay exact: a 4-bit weight (or a nibble of an
 // 8-bit one) times 127, 8 products deep, is at most 30,480; 5-bit 4 deep 31,496; 6-bit 2 deep 32,004.
 template <int BITS>
-MLXNB_ALWAYS_INLINE void block_dot(const uint8_t* wb, int h, const __m256i w[8], const int8_t* xb, __m256i out[2]) {
+MLXNB_ALWAYS_INLINE void block_dot(const uint8_t* wb, int h, const __m256i w[8], const int8_t* xb,
+                                   __m256i out[2]) {
   const __m256i ones = _mm256_set1_epi16(1);
   auto mul = [&](int j) { return _mm256_maddubs_epi16(w[j], bcast4(xb + 4 * j)); };
   if constexpr (BITS == 4) {
@@ -202,8 +203,8 @@ MLXNB_ALWAYS_INLINE void block_dot(const uint8_t* wb, int h, const __m256i w[8],
 // The scales of outputs 8h .. 8h + 7 of tile t for input block b: s0 for inputs 0-15, s1 for 16-31
 // (Q6_K's 16-weight sub-blocks; the other schemes use s0 and b0 alone).
 template <int SCHEME, bool HALF>
-MLXNB_ALWAYS_INLINE void block_scales(const QGemm& g, int64_t t, int64_t b, int h, __m256& s0, __m256& b0, __m256& s1,
-                         __m256& b1) {
+MLXNB_ALWAYS_INLINE void block_scales(const QGemm& g, int64_t t, int64_t b, int h, __m256& s0, __m256& b0,
+                                      __m256& s1, __m256& b1) {
   const int64_t nb = g.K / kBlock;
   if constexpr (SCHEME == kAffine) {
     const int64_t si = (t * (g.K / g.w.group_size) + b / (g.w.group_size / kBlock)) * kLanes + 8 * h;
