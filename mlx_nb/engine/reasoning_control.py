@@ -134,8 +134,10 @@ class AnswerOnly:
         if self._vocab is None:  # end-of-sequence ids past the logits (a padded tokenizer) cannot be drawn
             width = logits.shape[-1]
             self.stops = tuple(i for i in self.stops if i < width)
-            self._is_stop = mx.array(np.isin(np.arange(width), self.stops))
-            self._stop_ids, self._vocab = mx.array(self.stops or (0,)), mx.arange(width)
+            self._vocab = mx.arange(width)
+            if self.stops:
+                self._is_stop = mx.array(np.isin(np.arange(width), self.stops))
+                self._stop_ids = mx.array(self.stops)
         if not self.stops or target in self.stops:
             return logits
         ending = mx.logsumexp(logits[..., self._stop_ids], axis=-1, keepdims=True)
