@@ -104,15 +104,16 @@ def test_gguf_path_is_converted_once_into_the_cache(tmp_path, monkeypatch):
     assert first.path == second.path and first.path.parent == tmp_path / "home" / "models"
 
 
-def _huge_page_bytes(addresses: list[int]) -> int:
-    """AnonHugePages of the mappings holding `addresses` (/proc/self/smaps), each mapping once."""
+def _huge_page_bytes(spans: list[tuple[int, int]]) -> int:
+    """AnonHugePages of the mappings overlapping the byte spans [start, end) (/proc/self/smaps), each
+    mapping once: advising part of a mapping splits it, so a tensor can span several."""
     total, mappings, current = 0, set(), None
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
                 lo, hi = (int(x, 16) for x in head.split("-"))
-                current = (lo, hi) if any(lo <= a < hi for a in addresses) else None
+                current = (lo, hi) if any(lo < end and start < hi for start, end in spans) else None
             elif head == "AnonHugePages:" and current is not None and current not in mappings:
                 mappings.add(current)
                 total += int(line.split()[1]) * 1024
@@ -135,6 +136,7 @@ def test_load_model_collapses_the_big_weights_into_huge_pages_where_the_system_h
     collapsed = real(loaded.whole_model)
     if collapsed:  # what it says it collapsed sits in huge pages: each big tensor's whole 2 MiB pages
         whole = sum((a.nbytes - huge_pages.HUGE) // huge_pages.HUGE * huge_pages.HUGE for a in big)
-        assert _huge_page_bytes([huge_pages._address(a) for a in big]) >= collapsed >= whole > 0
+        spans = [(huge_pages._address(a), huge_pages._address(a) + a.nbytes) for a in big]
+        assert _huge_page_bytes(spans) >= collapsed >= whole > 0
     monkeypatch.setenv("MLX_NB_HUGE_PAGES", "0")
     assert real(loaded.whole_model) == 0
