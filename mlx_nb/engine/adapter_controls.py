@@ -72,7 +72,7 @@ class AdapterControls:
 
     def _check_adapter(self, name: Optional[str], loaded, extra: dict) -> None:
         """A request's adapter, checked at submit: loaded on this engine, for a language model.
-        Its rows keep out of the prefix cache (their keys and values are not the base model's)."""
+        Its rows reuse prefixes only among this adapter load's own (engine/prefix.py)."""
         if name is None:
             return
         lora = self._loop.runner.lora if self._loop.runner is not None else None
@@ -83,4 +83,3 @@ class AdapterControls:
             raise RequestError(f"no adapter named {name} is loaded on {self.model_name} (loaded: {have}): load it "
                                "first (Engine.load_adapter, %mlx load MODEL@ADAPTER)", "adapter")
         extra["adapter"] = name
-        extra["no_prefix_cache"] = True

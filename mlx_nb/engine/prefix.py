@@ -13,6 +13,12 @@ window are reused only as exact or shorter prefixes. That is why snapshots are a
 segment boundaries (end of the system prompt, end of the conversation before the reply), so the
 next turn of a hybrid model finds an exact shorter prefix.
 
+Rows decoded with a LoRA adapter are filed apart (`space`: the adapter load's own key): their keys
+and values are not the base model's, so an adapter row never meets a base row's entry, nor one of
+another adapter or of an earlier load under the same name. Those entries stay in memory (the disk
+is checked against the base model's fingerprint only); an unloaded adapter's entries are no longer
+reachable and leave as the LRU evicts them, counted in the budget until then.
+
 With a folder (`engine/prefix_disk.py`) the cache also lives on disk: what is stored is remembered
 by its tokens only (no arrays held twice), and written while the engine is idle or closing, read
 back from the in-memory LRU at that time (an entry already evicted is not written). A lookup that
@@ -96,10 +102,14 @@ class PrefixCache:
         # "trimmed" (a longer one cut back) from the public fetch result, without reading the trie.
         self._stored_keys: set[int] = set()
 
-    def lookup(self, tokens: list[int]) -> tuple[Optional[list], int, str]:
-        """(cache, number of leading tokens it holds, hit kind) for the longest usable prefix."""
-        cache, cached = self._fetch(tokens)
-        from_disk = self.disk is not None and self._load_better(tokens, cached)
+    def _key(self, space: Optional[str]) -> str:
+        return self.model_key if space is None else f"{self.model_key}@{space}"
+
+    def lookup(self, tokens: list[int], space: Optional[str] = None) -> tuple[Optional[list], int, str]:
+        """(cache, number of leading tokens it holds, hit kind) for the longest usable prefix, among
+        the entries filed under `space` (None: the base model's)."""
+        cache, cached = self._fetch(tokens, space)
+        from_disk = space is None and self.disk is not None and self._load_better(tokens, cached)
         if from_disk:
             cache, cached = self._fetch(tokens)
         if cache is None or cached == 0:
@@ -108,7 +118,7 @@ class PrefixCache:
             kind = "disk"
         elif cached == len(tokens):
             kind = "exact"
-        elif hash(tuple(tokens[:cached])) in self._stored_keys:
+        elif hash((space, tuple(tokens[:cached]))) in self._stored_keys:
             kind = "shorter"  # a stored entry, whole
         else:
             kind = "trimmed"  # a longer entry cut back to the common prefix
@@ -116,8 +126,8 @@ class PrefixCache:
         self.stats.tokens_saved += cached
         return cache, cached, kind
 
-    def _fetch(self, tokens: list[int]) -> tuple[Optional[list], int]:
-        cache, rest = nearest(self._lru.fetch_nearest_cache(self.model_key, tokens))
+    def _fetch(self, tokens: list[int], space: Optional[str] = None) -> tuple[Optional[list], int]:
+        cache, rest = nearest(self._lru.fetch_nearest_cache(self._key(space), tokens))
         return cache, (0 if cache is None else len(tokens) - len(rest))
 
     def _load_better(self, tokens: list[int], cached: int) -> bool:
@@ -131,19 +141,20 @@ class PrefixCache:
         self._insert(entry.token_list(), cache, "assistant")
         return True
 
-    def _insert(self, tokens: list[int], cache: list, kind: str) -> None:
-        self._lru.insert_cache(self.model_key, list(tokens), cache, cache_type=kind)
+    def _insert(self, tokens: list[int], cache: list, kind: str, space: Optional[str] = None) -> None:
+        self._lru.insert_cache(self._key(space), list(tokens), cache, cache_type=kind)
         if len(self._stored_keys) > MAX_LABEL_KEYS:  # bounded: at worst a hit is labelled "trimmed"
             self._stored_keys.clear()
-        self._stored_keys.add(hash(tuple(tokens)))
+        self._stored_keys.add(hash((space, tuple(tokens))))
 
-    def store(self, tokens: list[int], cache: list, kind: str = "assistant") -> None:
-        """Keep `cache` (holding `tokens`) for later requests; engine thread only (it evaluates)."""
+    def store(self, tokens: list[int], cache: list, kind: str = "assistant", space: Optional[str] = None) -> None:
+        """Keep `cache` (holding `tokens`) for later requests, filed under `space` (None: the base
+        model's); engine thread only (it evaluates)."""
         if not tokens or cache is None or self.max_bytes <= 0:
             return
-        self._insert(tokens, owned(cache), kind)
+        self._insert(tokens, owned(cache), kind, space)
         self.stats.stored += 1
-        if self.disk is not None and len(tokens) >= self.disk.min_tokens:
+        if space is None and self.disk is not None and len(tokens) >= self.disk.min_tokens:
             self._unsaved[tuple(tokens)] = None
             while len(self._unsaved) > self._lru.max_size:  # older than anything the LRU can still hold
                 del self._unsaved[next(iter(self._unsaved))]

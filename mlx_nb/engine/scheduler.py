@@ -112,6 +112,12 @@ class BatchRunner:
     def _reuses_prefix(self, live: LiveRequest) -> bool:
         return self.prefix is not None and not live.extra.get("no_prefix_cache")
 
+    def _prefix_space(self, live: LiveRequest) -> Optional[str]:
+        """Where the prefix cache files this row's entries: None for the base model, else the key
+        of the adapter load it decodes with (engine/prefix.py)."""
+        adapter = live.extra.get("adapter")
+        return None if adapter is None else self.lora.adapters[adapter].key
+
     def admit(self, live: LiveRequest, caches: Optional[list] = None, all_tokens: Optional[list] = None) -> None:
         """Insert a request, starting from `caches` (holding `all_tokens`) or a prefix-cache hit."""
         p = live.request.sampling
@@ -119,9 +125,11 @@ class BatchRunner:
         adapter = live.extra.get("adapter")
         if adapter is not None and (self.lora is None or adapter not in self.lora.adapters):
             raise RequestError(f"adapter {adapter} was unloaded before the request started: load it again")
+        if self._reuses_prefix(live):
+            live.extra["prefix_space"] = self._prefix_space(live)
         if caches is None and self._reuses_prefix(live):
             # The last prompt token is always computed: its logits give the first new token.
-            hit, cached, kind = self.prefix.lookup(prompt[:-1])
+            hit, cached, kind = self.prefix.lookup(prompt[:-1], live.extra["prefix_space"])
             live.extra["prefix_hit"] = kind
             if hit is not None:
                 caches, all_tokens, live.cached_tokens = hit, prompt[:cached], cached
@@ -252,7 +260,7 @@ class BatchRunner:
         found = self._bg.extract_cache([live.uid])
         if live.uid in found:
             cache, tokens = extracted(found, live.uid)
-            self.prefix.store(tokens, cache, "user")
+            self.prefix.store(tokens, cache, "user", live.extra.get("prefix_space"))
 
     def _on_token(self, r) -> None:
         live = self.by_uid.get(r.uid)
@@ -262,7 +270,7 @@ class BatchRunner:
         self.generated_tokens += 1
         self.latency.token(live, time.perf_counter())  # a stop token too: it ends the wait
         if r.finish_reason is not None and self._reuses_prefix(live) and r.prompt_cache is not None:
-            self.prefix.store(list(r.all_tokens), r.prompt_cache, "assistant")
+            self.prefix.store(list(r.all_tokens), r.prompt_cache, "assistant", live.extra.get("prefix_space"))
         if r.finish_reason == "stop":  # a stop token: never sent as content
             self._finish(live, "stop", live.stream.finish())
             return

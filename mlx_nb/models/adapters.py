@@ -11,6 +11,7 @@ rescaled weights, a full fine-tune's replaced weights) is refused here in one li
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,9 @@ class Adapter:
     pairs: dict = field(default_factory=dict)  # projection path -> (lora_a, lora_b)
     base_model: str = ""  # the model it was trained on, as its config names it
     held: int = 0  # bytes held once applied: its pairs and the joined pairs the projections use
+    # This load's own key: the prefix cache files the adapter's rows under it, so a later load of
+    # other weights under the same name never meets the keys and values this one computed.
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def rank(self) -> int:

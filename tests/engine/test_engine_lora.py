@@ -217,3 +217,41 @@ def test_adapters_load_and_unload_at_runtime_and_bad_ones_are_refused(llama_adap
             engine.load_adapter("nothing", str(tmp_path))
         assert engine.status()["adapters"] == []
         assert engine.submit(prompt=text, max_tokens=MAX_TOKENS).result(timeout=60).token_ids == plain
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_adapter_rows_reuse_their_own_prefixes_never_the_base_models_nor_an_earlier_loads(llama_adapters, seed):
+    """An adapter row's keys and values are not the base model's: a conversation growing turn by
+    turn with an adapter hits the entries its own earlier turns stored, never one a base row stored
+    for the same text, and an adapter loaded again under the same name with other weights never
+    meets the old load's entries. Every reply is mlx_lm's with that adapter (or none) alone."""
+    path, adapters = llama_adapters
+    rng = np.random.default_rng(seed)
+    turns = [" ".join(str(x) for x in rng.integers(0, 99, size=8))]
+    for _ in range(4):  # each turn the one before and more
+        turns.append(turns[-1] + " " + " ".join(str(x) for x in rng.integers(0, 99, size=3)))
+    tokenizer = load_model(str(path)).tokenizer
+    prompts = [encode_prompt(tokenizer, t, chat=False) for t in turns]
+    # (text, adapter as loaded then): the base model reads turn 0 and 1 first; the adapter's turns follow
+    plan = [(0, None), (1, "every"), (2, "every"), (3, None), (3, "every"), (4, "every/attn")]
+    want = {}
+    for folder in (None, "every", "attn"):
+        want[folder] = adapter_reference(path, None if folder is None else adapters[folder], prompts, MAX_TOKENS)
+    assert want["every"] != want[None] and want["attn"] != want["every"], "the adapters change nothing"
+    with Engine(str(path), wait=True) as engine:
+        engine.load_adapter("every", str(adapters["every"]))
+        kinds = []
+        for turn, who in plan:
+            if who == "every/attn":  # the same name, other weights
+                engine.unload_adapter("every")
+                engine.load_adapter("every", str(adapters["attn"]))
+            h = engine.submit(prompt=turns[turn], max_tokens=MAX_TOKENS, adapter=None if who is None else "every")
+            got = h.result(timeout=60)
+            assert got.error is None, got.error
+            assert got.token_ids == want[None if who is None else who.split("/")[-1]][turn], (turn, who)
+            (insert,) = [e for e in engine.events() if e["kind"] == "insert" and h.id in e["requests"]]
+            kinds.append(insert["detail"]["prefix_hit"])
+    # the adapter's first turn meets only the base model's entries: a miss; its later turns hit its own;
+    # the base row of turn 3 hits the base entry of turn 0; the new load meets nothing of the old one
+    assert kinds[0] == "miss" and kinds[1] == "miss" and kinds[5] == "miss", kinds
+    assert kinds[2] != "miss" and kinds[3] != "miss" and kinds[4] != "miss", kinds
