@@ -232,7 +232,7 @@ def test_adapter_rows_reuse_their_own_prefixes_never_the_base_models_nor_an_earl
         turns.append(turns[-1] + " " + " ".join(str(x) for x in rng.integers(0, 99, size=3)))
     tokenizer = load_model(str(path)).tokenizer
     prompts = [encode_prompt(tokenizer, t, chat=False) for t in turns]
-    # (text, adapter as loaded then): the base model reads turn 0 and 1 first; the adapter's turns follow
+    # (turn, adapter as loaded then): the base model reads turn 0 first; the adapter's turns follow
     plan = [(0, None), (1, "every"), (2, "every"), (3, None), (3, "every"), (4, "every/attn")]
     want = {}
     for folder in (None, "every", "attn"):
