@@ -15,7 +15,13 @@ A request's first token is sampled by the same step: `PromptBatch.generate` star
 prompts end as a DecodeBatch (mlx_lm's starts a plain GenerationBatch, normalizing every row over
 the vocabulary once more). When every row of the prompt batch ends in the same step (a lone chat,
 a burst of short ones), `PromptBatch.split` hands its cache over instead of deep-copying it: mlx_lm
-copies the cache for the rows that stay, and here none do. Both batches build their forward inside
+copies the cache for the rows that stay, and here none do.
+
+Each step's tokens go out as soon as the step has made them. mlx_lm hands the next step's whole
+graph to `mx.async_eval` before reading this step's tokens, and MLX holds that call until most of
+the next step has run (it keeps only a few tasks queued): every token, the first and the last
+included, went out ~3/4 of a step late. `_step` starts only the next step's first layers
+(`early_layers`) and hands the rest over when the next step begins, while those layers run. Both batches build their forward inside
 `adapter_rows`, so a row whose request names a LoRA adapter gets that adapter's terms (models/lora.py).
 """
 
@@ -78,6 +84,36 @@ def _uniforms(ts: list[TokenSampler]) -> mx.array:
     return mx.concatenate([s.uniform(1) if s.seeded else shared[i:i + 1] for i, s in enumerate(ts)])
 
 
+EARLY_LAYERS = 8  # a step's first 1/EARLY_LAYERS of the layers start before its tokens go out
+
+
+def early_layers(cache: list) -> list:
+    """The arrays a step writes into the cache of a layer about an eighth of the way in: what the
+    step's first layers compute.
+
+    MLX's `async_eval` holds its caller while more than a few tasks are queued, so handing it a
+    whole decode step (a few hundred ops) returns only when most of that step has run. Handed
+    these arrays first, the step starts at once and the batch's tokens go out as soon as the
+    previous step has made them; the rest follows when the next step begins (`dispatch_pending`),
+    while the first layers run. [] when no layer holds arrays to start from."""
+    if not cache:
+        return []
+    return _arrays_of(cache[max(0, len(cache) // EARLY_LAYERS - 1)])
+
+
+def _arrays_of(layer) -> list:
+    members = getattr(layer, "caches", None)
+    if members is not None:  # CacheList
+        return [a for m in members for a in _arrays_of(m)]
+    keys = getattr(layer, "keys", None)
+    if isinstance(keys, mx.array):
+        return [keys]
+    if isinstance(keys, (tuple, list)):  # a quantized cache's (q, scales, biases)
+        return [a for a in keys if isinstance(a, mx.array)]
+    state = getattr(layer, "cache", None)  # ArraysCache: SSM / conv state
+    return [a for a in state if isinstance(a, mx.array)] if isinstance(state, list) else []
+
+
 class DecodeBatch(GenerationBatch):
     """mlx_lm's decode batch with our `_step` (see the module docstring); merging, filtering,
     extending and the cache stay mlx_lm's. With `speculation` set (engine/speculation.py), a step
@@ -86,7 +122,16 @@ class DecodeBatch(GenerationBatch):
 
     speculation: Optional[PromptLookup] = None
 
+    _pending = None  # the rest of the step under way, not yet handed to MLX (see `_step`)
+
+    def dispatch_pending(self) -> None:
+        """Hand the rest of the step under way to MLX (it waits while MLX's queue is full)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            mx.async_eval(pending)
+
     def next(self) -> list:
+        self.dispatch_pending()
         if not self.uids:
             return []
         started, rows = time.perf_counter(), len(self.uids)
@@ -119,6 +164,12 @@ class DecodeBatch(GenerationBatch):
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses
+
+    def extend(self, batch) -> None:
+        if getattr(batch, "_pending", None) is not None:  # the joining rows' first step goes on with ours
+            self._pending = [self._pending, batch._pending] if self._pending is not None else batch._pending
+            batch._pending = None
+        super().extend(batch)
 
     def filter(self, keep) -> None:
         super().filter(keep)
@@ -207,10 +258,18 @@ class DecodeBatch(GenerationBatch):
 
         self._next_tokens = sample_rows(logits, samplers, logprobs)
         self._next_logprobs = [logprobs[e] if w else None for e, w in enumerate(wants)]
-        mx.async_eval(self._next_tokens, [lp for lp in self._next_logprobs if lp is not None], token_context)
+        rest = [self._next_tokens, [lp for lp in self._next_logprobs if lp is not None], token_context]
 
         mx.eval(inputs, [lp for lp in self._current_logprobs if lp is not None])
         inputs = inputs.tolist()
+        # The next step's first layers start now; the rest is handed to MLX when the next step
+        # begins (see `next`), after this step's tokens have gone out.
+        early = early_layers(self.prompt_cache)
+        if early:
+            mx.async_eval(early)
+            self._pending = rest
+        else:
+            mx.async_eval(rest)
         for sti, ti in zip(self.tokens, inputs):
             sti.append(ti)
         return inputs, self._current_logprobs

@@ -4,6 +4,7 @@ copy still happens; and the per-row fields it empties are exactly the ones mlx_l
 (an mlx_lm that adds one fails here). Tokens batched == alone is the engine's reference tests' job."""
 
 import mlx.core as mx
+import pytest
 from mlx_lm.generate import PromptProcessingBatch
 
 from mlx_nb.engine.decode import ROW_FIELDS, DecodeBatch, PromptBatch
@@ -43,3 +44,31 @@ def test_the_row_fields_are_mlx_lms():
     per_row = {name for name, value in vars(upstream).items() if isinstance(value, list) and len(value) == 3}
     per_row |= {"prompt_cache"}  # one entry a layer, not a row: filter() narrows each to the kept rows
     assert per_row == set(ROW_FIELDS), f"mlx_lm's prompt batch fields changed: {sorted(per_row ^ set(ROW_FIELDS))}"
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"])
+def test_a_decode_step_starts_only_the_next_steps_first_layers_and_tokens_stay_the_same(name, monkeypatch):
+    """A step hands its tokens out with only the next step's first layers started (the rest waits
+    in `_pending` until the next step begins, and a joining batch's rest comes along), over every
+    kind of cache; the tokens are those of steps handed to MLX whole."""
+    import mlx_nb.engine.decode as decode_module
+
+    loaded = load_model(name)
+
+    def run(early: bool) -> list:
+        if not early:
+            monkeypatch.setattr(decode_module, "early_layers", lambda cache: [])
+        first = batch(PromptBatch, loaded, 2).generate([[5], [6]])
+        assert (first._pending is not None) == early
+        joining = batch(PromptBatch, loaded, 1).generate([[7]])
+        first.extend(joining)  # the joining row's first step goes on with the batch's
+        assert joining._pending is None and (first._pending is not None) == early
+        out = []
+        for _ in range(6):
+            out.append([(r.uid, r.token) for r in first.next()])
+            assert (first._pending is not None) == early
+        monkeypatch.undo()
+        return out
+
+    assert decode_module.early_layers(batch(PromptBatch, loaded, 1).generate([[5]]).prompt_cache)
+    assert run(early=True) == run(early=False)
