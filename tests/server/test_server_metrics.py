@@ -77,9 +77,11 @@ def test_a_scrape_during_concurrent_streams_agrees_with_the_clients(live):
     assert scrapes, "no scrape finished while the streams ran"
 
     generated = sum(u.completion_tokens for u in usages)
-    prompt = sum(u.prompt_tokens for u in usages)
+    # prompt tokens read: a stream that started after another finished may find part of its prompt
+    # in the prefix cache, and the clients' usage says how much (cached_tokens)
+    read = sum(u.prompt_tokens - u.prompt_tokens_details.cached_tokens for u in usages)
     assert value(after, "mlx_generation_tokens_total") - value(before, "mlx_generation_tokens_total") == generated
-    assert value(after, "mlx_prompt_tokens_total") - value(before, "mlx_prompt_tokens_total") == prompt
+    assert value(after, "mlx_prompt_tokens_total") - value(before, "mlx_prompt_tokens_total") == read
     ok = ("mlx_requests_total", dict(route="chat/completions", outcome="ok"))
     assert value(after, ok[0], **ok[1]) - value(before, ok[0], **ok[1]) == STREAMS
 
@@ -99,6 +101,22 @@ def test_a_scrape_during_concurrent_streams_agrees_with_the_clients(live):
     assert max(value(s, "mlx_batch_size") for s in scrapes) > 1
     assert value(after, "mlx_model_ready") == 1
     assert value(after, "mlx_memory_bytes", kind="weights") > 0
+
+
+def test_prompt_tokens_count_what_was_read_not_what_the_prefix_cache_held(live):
+    """`mlx_prompt_tokens_total` counts prompt tokens read: a chat sent again finds its prompt in the
+    prefix cache, and only what the cache did not hold is counted (the usage's cached_tokens)."""
+    messages = [{"role": "user", "content": "Say something about the counters, once and again."}]
+    held = []
+    for _ in range(2):
+        before = scrape(live)
+        r = live.http.post(f"{live.url}/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 4})
+        assert r.status_code == 200
+        usage = r.json()["usage"]
+        held.append(usage["prompt_tokens_details"]["cached_tokens"])
+        read = value(scrape(live), "mlx_prompt_tokens_total") - value(before, "mlx_prompt_tokens_total")
+        assert read == usage["prompt_tokens"] - held[-1], usage
+    assert held[1] > held[0]  # the second time, the cache held (nearly) the whole prompt
 
 
 def test_a_client_mistake_is_counted_as_one(live):
