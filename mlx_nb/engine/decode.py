@@ -21,8 +21,10 @@ Each step's tokens go out as soon as the step has made them. mlx_lm hands the ne
 graph to `mx.async_eval` before reading this step's tokens, and MLX holds that call until most of
 the next step has run (it keeps only a few tasks queued): every token, the first and the last
 included, went out ~3/4 of a step late. `_step` starts only the next step's first layers
-(`early_layers`) and hands the rest over when the next step begins, while those layers run. Both batches build their forward inside
-`adapter_rows`, so a row whose request names a LoRA adapter gets that adapter's terms (models/lora.py).
+(`early_layers`) and hands the rest over when the next step begins, while those layers run.
+
+Both batches build their forward inside `adapter_rows`, so a row whose request names a LoRA
+adapter gets that adapter's terms (models/lora.py).
 """
 
 from __future__ import annotations
@@ -173,6 +175,8 @@ class DecodeBatch(GenerationBatch):
 
     def filter(self, keep) -> None:
         super().filter(keep)
+        if not keep:  # no row left: the rest of the step never runs (a cache taken from it is computed when read)
+            self._pending = None
         drafter = self.speculation.drafter if self.speculation is not None else None
         if drafter is not None:  # a finished row's draft cache goes with it (engine/draft.py)
             drafter.forget(self.uids)

@@ -49,8 +49,9 @@ def test_the_row_fields_are_mlx_lms():
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"])
 def test_a_decode_step_starts_only_the_next_steps_first_layers_and_tokens_stay_the_same(name, monkeypatch):
     """A step hands its tokens out with only the next step's first layers started (the rest waits
-    in `_pending` until the next step begins, and a joining batch's rest comes along), over every
-    kind of cache; the tokens are those of steps handed to MLX whole."""
+    in `_pending` until the next step begins, a joining batch's rest comes along, and a batch left
+    without rows drops it), over every kind of cache; the tokens are those of steps handed to MLX
+    whole."""
     import mlx_nb.engine.decode as decode_module
 
     loaded = load_model(name)
@@ -67,6 +68,8 @@ def test_a_decode_step_starts_only_the_next_steps_first_layers_and_tokens_stay_t
         for _ in range(6):
             out.append([(r.uid, r.token) for r in first.next()])
             assert (first._pending is not None) == early
+        first.filter([])  # every row gone: nothing is left to compute
+        assert first._pending is None
         monkeypatch.undo()
         return out
 
