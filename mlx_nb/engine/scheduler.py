@@ -112,12 +112,6 @@ class BatchRunner:
     def _reuses_prefix(self, live: LiveRequest) -> bool:
         return self.prefix is not None and not live.extra.get("no_prefix_cache")
 
-    def _prefix_space(self, live: LiveRequest) -> Optional[str]:
-        """Where the prefix cache files this row's entries: None for the base model, else the key
-        of the adapter load it decodes with (engine/prefix.py)."""
-        adapter = live.extra.get("adapter")
-        return None if adapter is None else self.lora.adapters[adapter].key
-
     def admit(self, live: LiveRequest, caches: Optional[list] = None, all_tokens: Optional[list] = None) -> None:
         """Insert a request, starting from `caches` (holding `all_tokens`) or a prefix-cache hit."""
         p = live.request.sampling
@@ -126,13 +120,14 @@ class BatchRunner:
         if adapter is not None and (self.lora is None or adapter not in self.lora.adapters):
             raise RequestError(f"adapter {adapter} was unloaded before the request started: load it again")
         if self._reuses_prefix(live):
-            live.extra["prefix_space"] = self._prefix_space(live)
-        if caches is None and self._reuses_prefix(live):
-            # The last prompt token is always computed: its logits give the first new token.
-            hit, cached, kind = self.prefix.lookup(prompt[:-1], live.extra["prefix_space"])
-            live.extra["prefix_hit"] = kind
-            if hit is not None:
-                caches, all_tokens, live.cached_tokens = hit, prompt[:cached], cached
+            # an adapter row's entries are filed under its adapter load's key (engine/prefix.py)
+            live.extra["prefix_space"] = None if adapter is None else self.lora.adapters[adapter].key
+            if caches is None:
+                # The last prompt token is always computed: its logits give the first new token.
+                hit, cached, kind = self.prefix.lookup(prompt[:-1], live.extra["prefix_space"])
+                live.extra["prefix_hit"] = kind
+                if hit is not None:
+                    caches, all_tokens, live.cached_tokens = hit, prompt[:cached], cached
         if self.kv is not None and not self.sequential:  # a fresh cache, a prefix hit or a vision prefill's
             caches = self.kv.convert(caches if caches is not None else self.loaded.make_cache())
         start = len(all_tokens or [])

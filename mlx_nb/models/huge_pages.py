@@ -1,12 +1,12 @@
 """Huge pages for a loaded model's weights.
 
 A decode step streams through every weight once, so a model of a gigabyte crosses some 250,000
-4 KiB pages a token: each a TLB miss, and an edge the hardware prefetchers stop at. On Linux, transparent huge
-pages (2 MiB) go only to memory that asks for them, and MLX's allocations do not ask; since Linux
-6.1, `MADV_COLLAPSE` turns pages already written into huge pages in place. Measured on the
-Llama-3.2-1B-shaped Q4_K_M file (2 cores, one stream, in one process, the same weights with and
-without): a decode step's matmuls took 25.7 ms instead of 28.1 ms with its tensors of 8 MB and more
-collapsed. Loading pays for it once (up to two seconds a gigabyte here).
+4 KiB pages a token: each a TLB miss, and an edge the hardware prefetchers stop at. On Linux,
+transparent huge pages (2 MiB) go only to memory that asks for them, and MLX's allocations do not
+ask; since Linux 6.1, `MADV_COLLAPSE` turns pages already written into huge pages in place.
+Measured on the Llama-3.2-1B-shaped Q4_K_M file (2 cores, one stream, in one process, the same
+weights with and without): a decode step's matmuls took 25.7 ms instead of 28.1 ms with its
+tensors of 8 MB and more collapsed. Loading pays for it once (up to two seconds a gigabyte here).
 
 Where the system has no transparent huge pages, an older kernel, or `MLX_NB_HUGE_PAGES=0`, the
 weights stay as they are; on an older kernel they are still advised (`MADV_HUGEPAGE`), which the
