@@ -2,7 +2,10 @@
 
 `decode.py` subclasses mlx_lm's batch classes and overrides private methods (`GenerationBatch._step` / `next`,
 `PromptProcessingBatch.split` / `generate` / `prompt`, `BatchGenerator._make_batch`) and reads private
-attributes of theirs; `kv_quant.py` subclasses `BatchKVCache` and keeps its private bookkeeping. pyproject.toml pins mlx-lm exactly; this table is what an upgrade must keep.
+attributes of theirs; `kv_quant.py` subclasses `BatchKVCache` and keeps its private bookkeeping;
+`kernels/layers.py` writes keys into `KVCache` / `BatchKVCache` buffers and moves their offsets as
+their `update_and_fetch` does (tests/kernels/test_kernels_swap.py compares the two). pyproject.toml
+pins mlx-lm exactly; this table is what an upgrade must keep.
 `check()` compares each entry with what is installed and returns the differences, one line each;
 the engine calls it before it builds a batch (`require()`), so a changed mlx_lm fails at once with
 what changed and what to do, never deep inside a decode step.
@@ -75,6 +78,7 @@ INSTANCE_ATTRIBUTES = {
     "BatchGenerator": ("_prompt_batch", "_generation_batch", "completion_batch_size", "sampler", "model",
                        "prefill_step_size"),
     "BatchKVCache": ("keys", "values", "offset", "left_padding", "_idx", "_right_padding"),
+    "KVCache": ("keys", "values", "offset"),
 }
 
 

@@ -10,6 +10,7 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from mlx_nb.kernels import native
 from mlx_nb.kernels.packing import pack, pack_ggml
@@ -101,18 +102,15 @@ class QLinear(Packed):
 
     def __call__(self, x: mx.array, norm: Optional["RMSNorm"] = None, residual: Optional[mx.array] = None,
                  gate: bool = False) -> mx.array:
-        """x W^T (+ bias); of norm(x) with `norm`, of silu(g) * u for x = [g, u] with `gate` (fused:
-        one op); plus `residual`."""
-        bias = self.get("bias")
-        if bias is not None and residual is not None:  # keep the order bias, then residual
-            return self(x, norm, gate=gate) + residual
+        """x W^T (+ bias); of norm(x) with `norm`, of silu(g) * u for x = [g, u] with `gate`; plus
+        `residual` (bias first): one op."""
         # self[...] reads the parameter dict directly: this runs ~120 times a decode step
-        y = native().qmatmul(x, self["packed"], self["scales"], self.get("biases"), n=self.output_dims,
-                             group_size=self.group_size, bits=self.bits, scheme=self.scheme, zero=self.zero,
-                             sub=self.get("sub"), digits=self.digits,
-                             norm_weight=None if norm is None else norm["weight"],
-                             eps=0.0 if norm is None else norm.eps, residual=residual, gate=gate)
-        return y if bias is None else y + bias
+        return native().qmatmul(x, self["packed"], self["scales"], self.get("biases"), n=self.output_dims,
+                                group_size=self.group_size, bits=self.bits, scheme=self.scheme, zero=self.zero,
+                                sub=self.get("sub"), digits=self.digits,
+                                norm_weight=None if norm is None else norm["weight"],
+                                eps=0.0 if norm is None else norm.eps, residual=residual, gate=gate,
+                                bias=self.get("bias"))
 
     @property
     def weights(self) -> int:
@@ -186,7 +184,11 @@ class Stacked(nn.Module):
         self.input_dims, self.output_dims = parts[0].input_dims, sum(p.output_dims for p in parts)
 
     def __call__(self, x: mx.array, norm: Optional["RMSNorm"] = None) -> mx.array:
-        return mx.concatenate([p(x, norm) for p in self.parts], axis=-1)
+        return mx.concatenate(self.outputs(x, norm), axis=-1)
+
+    def outputs(self, x: mx.array, norm: Optional["RMSNorm"] = None) -> list[mx.array]:
+        """Each part's output, not concatenated (qkv_rope reads them side by side)."""
+        return [p(x, norm) for p in self.parts]
 
 
 class QEmbedding(Packed):
@@ -288,7 +290,8 @@ class SwiGLU(nn.Module):
 class Attention(nn.Module):
     """mlx_lm's llama-family attention (q/k/v/o projections, RoPE, grouped heads, any KV cache) with
     q, k and v as one projection, their split and RoPE as one kernel, and attention as one kernel
-    that reads the cache's keys and values in place."""
+    that reads the cache's keys and values in place. On mlx_lm's plain float KV caches, the split
+    also writes the new keys and values into the cache's buffers (`_write_into`)."""
 
     def __init__(self, qkv: nn.Module, o_proj: nn.Module, rope: RoPE, n_heads: int, n_kv_heads: int,
                  head_dim: int, scale: float):
@@ -299,28 +302,65 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim, self.scale = n_heads, n_kv_heads, head_dim, scale
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        return self.o_proj(self._attend(self.qkv(x), mask, cache))
+        return self.o_proj(self._attend(self._project(x), mask, cache))
 
     def residual_block(self, x: mx.array, norm: "RMSNorm", mask=None, cache=None) -> mx.array:
         """x + self(norm(x)), with the norm and the addition fused into the packed projections."""
-        return self.o_proj(self._attend(self.qkv(x, norm=norm), mask, cache), residual=x)
+        return self.o_proj(self._attend(self._project(x, norm), mask, cache), residual=x)
 
-    def _attend(self, qkv: mx.array, mask, cache) -> mx.array:
+    def _project(self, x: mx.array, norm: Optional["RMSNorm"] = None) -> list[mx.array]:
+        """q, k and v side by side, as one array or (Stacked) its parts: no concatenation op."""
+        if isinstance(self.qkv, Stacked):
+            return self.qkv.outputs(x, norm)
+        return [self.qkv(x) if norm is None else self.qkv(x, norm=norm)]
+
+    def _attend(self, parts: list[mx.array], mask, cache) -> mx.array:
         offset = 0 if cache is None else cache.offset
         if not isinstance(offset, mx.array):
             offset = mx.array(offset, dtype=mx.int32)
         r = self.rope
-        q, k, v = native().qkv_rope(qkv, heads=self.n_heads, kv_heads=self.n_kv_heads,
-                                    head_dim=self.head_dim, dims=r.dims, traditional=r.traditional, base=r.base,
-                                    scale=r.scale, offset=offset, freqs=r.get("_freqs"))
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
+        split = dict(heads=self.n_heads, kv_heads=self.n_kv_heads, head_dim=self.head_dim, dims=r.dims,
+                     traditional=r.traditional, base=r.base, scale=r.scale, offset=offset, freqs=r.get("_freqs"))
         causal = isinstance(mask, str) and mask == "causal"
         mask = None if isinstance(mask, str) else mask
+        at = _write_at(cache, parts[0].shape[1])
+        if at is not None:
+            q, cache.keys, cache.values = native().qkv_rope(parts, k_cache=cache.keys, v_cache=cache.values,
+                                                            write_at=at, **split)
+            length = _advance(cache, parts[0].shape[1])
+            return native().attention(q, cache.keys, cache.values, scale=self.scale, causal=causal, mask=mask,
+                                      kv_len=length)
+        q, k, v = native().qkv_rope(parts, **split)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
         if isinstance(getattr(cache, "bits", None), int):  # quantized keys and values (engine/kv_quant.py)
             return native().quantized_attention(q, *k, *v, scale=self.scale, bits=cache.bits,
                                                 group_size=cache.group_size, causal=causal, mask=mask)
         return native().attention(q, k, v, scale=self.scale, causal=causal, mask=mask)
+
+
+def _write_at(cache, tokens: int) -> Optional[int]:
+    """The column where `tokens` new keys go in an mlx_lm KVCache or BatchKVCache (exactly those
+    classes) when its float32 buffers already have room for them; None when mlx_lm's own
+    update_and_fetch must run (no cache, another kind, or the buffers must grow)."""
+    kind = type(cache)
+    if kind is not KVCache and kind is not BatchKVCache:
+        return None
+    keys = cache.keys
+    if keys is None or keys.dtype != mx.float32 or cache.values.dtype != mx.float32:
+        return None
+    at = cache._idx if kind is BatchKVCache else cache.offset
+    return at if at + tokens <= keys.shape[2] else None
+
+
+def _advance(cache, tokens: int) -> int:
+    """The bookkeeping mlx_lm's update_and_fetch does after writing `tokens` keys (offsets moved
+    on); returns how many keys the cache now holds."""
+    cache.offset = cache.offset + tokens
+    if type(cache) is BatchKVCache:
+        cache._idx += tokens
+        return cache._idx
+    return cache.offset
 
 
 class Block(nn.Module):

@@ -65,6 +65,7 @@ def test_instance_attributes_we_read_exist_on_real_batches():
     seen["GenerationBatch"] = gen._generation_batch
     seen["BatchGenerator"] = gen
     seen["BatchKVCache"] = next(c for c in gen._generation_batch.prompt_cache if type(c).__name__ == "BatchKVCache")
+    seen["KVCache"] = next(c for c in loaded.make_cache() if type(c).__name__ == "KVCache")
     for cls, names in INSTANCE_ATTRIBUTES.items():
         missing = [n for n in names if not hasattr(seen[cls], n)]
         assert not missing, f"mlx_lm's {cls} no longer has {missing}: pin mlx-lm or adapt mlx_nb/engine/decode.py"

@@ -70,12 +70,65 @@ def test_qkv_rope_splits_heads(native):
     b, l, h, hk, d = 2, 3, 6, 2, 32
     qkv = rng.standard_normal((b, l, (h + 2 * hk) * d)).astype(np.float32)
     off = np.array([4, 9], np.int32)
-    q, k, v = native.qkv_rope(mx.array(qkv), heads=h, kv_heads=hk, head_dim=d, dims=d, traditional=True,
+    q, k, v = native.qkv_rope([mx.array(qkv)], heads=h, kv_heads=hk, head_dim=d, dims=d, traditional=True,
                               base=10000.0, scale=1.0, offset=mx.array(off))
     heads = qkv.reshape(b, l, h + 2 * hk, d).transpose(0, 2, 1, 3)
     _close(q, ref.rope(heads[:, :h], d, True, 10000.0, 1.0, off), 2e-5)
     _close(k, ref.rope(heads[:, h:h + hk], d, True, 10000.0, 1.0, off), 2e-5)
     assert np.array_equal(np.asarray(v), heads[:, h + hk:])
+    # given as parts side by side (a Stacked projection's outputs), the same arrays come out
+    bounds = [0, 2 * d, (h + hk) * d, (h + 2 * hk) * d]
+    parts = [mx.array(qkv[..., a:b]) for a, b in zip(bounds, bounds[1:])]
+    split = native.qkv_rope(parts, heads=h, kv_heads=hk, head_dim=d, dims=d, traditional=True, base=10000.0,
+                            scale=1.0, offset=mx.array(off))
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(split, (q, k, v)))
+    with pytest.raises(ValueError, match="multiple of head_dim"):
+        native.qkv_rope([mx.array(qkv[..., :5]), mx.array(qkv[..., 5:])], heads=h, kv_heads=hk, head_dim=d, dims=d,
+                        traditional=True, base=10000.0, scale=1.0, offset=mx.array(off))
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_qkv_rope_writes_into_the_caches_in_place_unless_another_array_holds_them(native, held):
+    """With caches, k and v come back as the caches with the new keys and values written at
+    `write_at`, everything else as it was; in the caches' own buffers when nothing else holds them
+    (no copy counted), else in a copy, and the array still held is left unchanged."""
+    rng = np.random.default_rng(3)
+    b, l, h, hk, d, s, at = 2, 3, 4, 2, 16, 40, 11
+    qkv = rng.standard_normal((b, l, (h + 2 * hk) * d)).astype(np.float32)
+    kc, vc = (rng.standard_normal((b, hk, s, d)).astype(np.float32) for _ in range(2))
+    off = mx.array(np.array([at, at - 4], np.int32))
+    args = dict(heads=h, kv_heads=hk, head_dim=d, dims=d, traditional=False, base=10000.0, scale=1.0, offset=off)
+    q0, k0, v0 = (np.asarray(a) for a in native.qkv_rope([mx.array(qkv)], **args))
+    k_cache, v_cache = mx.array(kc), mx.array(vc)
+    mx.eval(k_cache, v_cache)
+    kept = (k_cache, v_cache) if held else ()
+    before = native.qkv_rope_cache_copies()
+    q, k_cache, v_cache = native.qkv_rope([mx.array(qkv)], k_cache=k_cache, v_cache=v_cache, write_at=at, **args)
+    mx.eval(q, k_cache, v_cache)
+    assert native.qkv_rope_cache_copies() - before == (2 if held else 0)
+    want_k, want_v = kc.copy(), vc.copy()
+    want_k[:, :, at:at + l], want_v[:, :, at:at + l] = k0, v0
+    assert np.array_equal(np.asarray(q), q0)
+    assert np.array_equal(np.asarray(k_cache), want_k) and np.array_equal(np.asarray(v_cache), want_v)
+    if held:
+        assert np.array_equal(np.asarray(kept[0]), kc) and np.array_equal(np.asarray(kept[1]), vc)
+    with pytest.raises(ValueError, match="must fit"):
+        native.qkv_rope([mx.array(qkv)], k_cache=k_cache, v_cache=v_cache, write_at=s - 2, **args)
+    with pytest.raises(ValueError, match="float32"):
+        native.qkv_rope([mx.array(qkv)], k_cache=k_cache.astype(mx.float16), v_cache=v_cache, write_at=0, **args)
+
+
+def test_attention_reads_only_the_first_kv_len_keys(native):
+    rng = np.random.default_rng(4)
+    q, k, v = (mx.array(rng.standard_normal(shape).astype(np.float32))
+               for shape in ((2, 4, 3, 16), (2, 2, 20, 16), (2, 2, 20, 16)))
+    keep = mx.array(rng.random((2, 1, 3, 9)) < 0.7)
+    for kw in (dict(), dict(causal=True), dict(mask=keep)):
+        got = native.attention(q, k, v, scale=0.25, kv_len=9, **kw)
+        want = native.attention(q, k[:, :, :9], v[:, :, :9], scale=0.25, **kw)
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="kv_len"):
+        native.attention(q, k, v, scale=0.25, kv_len=21)
 
 
 @pytest.mark.parametrize("b,h,hk,l,s,d", [(2, 6, 2, 1, 37, 64), (1, 4, 4, 5, 9, 32), (3, 9, 3, 7, 7, 24), (1, 2, 1, 1, 1, 16)])

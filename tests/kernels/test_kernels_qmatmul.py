@@ -121,3 +121,8 @@ def test_fused_norm_gate_and_residual_equal_the_separate_ops(native):
     assert same(mm(gu, gate=True), mm(native.silu_gate(gu)))
     assert same(mm(x, residual=res), mm(x) + res)
     assert same(mm(gu, gate=True, residual=res), mm(native.silu_gate(gu)) + res)
+    bias = mx.array(rng.standard_normal(48).astype(np.float32))
+    assert same(mm(x, bias=bias), mm(x) + bias)  # qwen2's q/k/v bias
+    assert same(mm(x, norm_weight=nw, eps=1e-5, bias=bias, residual=res), (mm(native.rms_norm(x, nw, 1e-5)) + bias) + res)
+    with pytest.raises(ValueError, match=r"bias must be \[n\]"):
+        mm(x, bias=mx.ones((47,)))

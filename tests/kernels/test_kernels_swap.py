@@ -124,3 +124,42 @@ def test_activation_digits_follow_the_model_size_and_the_setting(smollm2, monkey
         precision.digits_for(1)
     monkeypatch.delenv("MLX_NB_ACTIVATIONS")
     precision.set_activation_digits(smollm2.model)  # as loaded, for the tests after this one
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_keys_written_in_place_equal_mlx_lms_cache_update(smollm2, monkeypatch, batched):
+    """The fused attention writes each step's keys and values into mlx_lm's KVCache / BatchKVCache
+    buffers itself; mlx_lm's own update_and_fetch is the reference. A prompt, then steps across the
+    buffers' growth (every 256 keys) and a left-padded batch: logits and every cache field must be
+    exactly what update_and_fetch gives, and no step may copy a cache."""
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    from mlx_nb.kernels import native
+
+    model = smollm2.model
+    rng = np.random.default_rng(5)
+    rows = 2 if batched else 1
+    prompt = mx.array(rng.integers(0, 1000, (rows, 250)).astype(np.int32))
+    steps = mx.array(rng.integers(0, 1000, (rows, 12)).astype(np.int32))
+
+    def run(in_place: bool):
+        if not in_place:
+            monkeypatch.setattr(layers, "_write_at", lambda cache, tokens: None)
+        cache = [BatchKVCache([3, 0]) if batched else KVCache() for _ in model.layers]
+        logits = [model(prompt, cache=cache)]
+        mx.eval(logits, [c.state for c in cache])
+        copies = native().qkv_rope_cache_copies()
+        for i in range(steps.shape[1]):
+            logits.append(model(steps[:, i:i + 1], cache=cache))
+            mx.eval(logits[-1])
+        copied = native().qkv_rope_cache_copies() - copies
+        monkeypatch.undo()
+        fields = [(c.offset, getattr(c, "_idx", None), c.keys, c.values) for c in cache]
+        return logits, fields, copied
+
+    (got, got_fields, copied), (want, want_fields, _) = run(True), run(False)
+    assert copied == 0
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want))
+    assert want_fields[0][2].shape[2] > 256  # the steps crossed a growth of the buffers
+    for g, w in zip(got_fields, want_fields):
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(g, w))

@@ -36,12 +36,12 @@ int64_t rows_per_block(int64_t blocks_of_one, int64_t per_head) {
 // the mask if any.
 class Attention : public CpuOnly {
  public:
-  Attention(mx::Stream s, float scale, MaskKind mask, int bits, int group)
-      : CpuOnly(s), scale_(scale), mask_(mask), bits_(bits), group_(group) {}
+  Attention(mx::Stream s, float scale, MaskKind mask, int bits, int group, int kv_len = -1)
+      : CpuOnly(s), scale_(scale), mask_(mask), bits_(bits), group_(group), kv_len_(kv_len) {}
   const char* name() const override { return bits_ ? "MlxNbQuantizedAttention" : "MlxNbAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const Attention&>(other);
-    return o.scale_ == scale_ && o.mask_ == mask_ && o.bits_ == bits_ && o.group_ == group_;
+    return o.scale_ == scale_ && o.mask_ == mask_ && o.bits_ == bits_ && o.group_ == group_ && o.kv_len_ == kv_len_;
   }
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     auto& out = outs[0];
@@ -50,12 +50,13 @@ class Attention : public CpuOnly {
     std::optional<mx::array> mask;
     if (in.size() > parts) mask = in[parts];
     auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.dispatch([in, mask, o = out.data<float>(), scale = scale_, kind = mask_, bits = bits_, group = group_]() {
+    enc.dispatch([in, mask, o = out.data<float>(), scale = scale_, kind = mask_, bits = bits_, group = group_,
+                  kv_len = kv_len_]() {
       thread_local std::vector<float> qbuf, fbuf[6];
       thread_local std::vector<uint32_t> wbuf[2];
       const auto& qa = in[0];
       const int64_t B = qa.shape(0), H = qa.shape(1), L = qa.shape(2), D = qa.shape(3);
-      const int64_t Hk = in[1].shape(1), S = in[1].shape(2), group_heads = H / Hk;
+      const int64_t Hk = in[1].shape(1), S = kv_len < 0 ? in[1].shape(2) : kv_len, group_heads = H / Hk;
       const float* q = row_major(qa, qbuf);
       // Keys and values are read through their strides while each key's values are contiguous.
       mx::Strides st[6], ms(4, 0);
@@ -121,7 +122,7 @@ class Attention : public CpuOnly {
  private:
   float scale_;
   MaskKind mask_;
-  int bits_, group_;
+  int bits_, group_, kv_len_;  // kv_len_: keys read (-1: all)
 };
 
 // The mask's kind, checked to broadcast to [B, H, L, S], as float32 or bool.
@@ -184,7 +185,7 @@ mx::array quantized_attention(const mx::array& q, const mx::array& kw, const mx:
 }
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                    const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
+                    const std::optional<mx::array>& mask, int kv_len, mx::StreamOrDevice s) {
   const std::string op = "attention";
   for (auto* a : {&q, &k, &v}) {
     check_float(op, *a);
@@ -193,13 +194,14 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   const int B = q.shape(0), H = q.shape(1), L = q.shape(2), D = q.shape(3);
   if (k.shape() != v.shape() || k.shape(0) != B || k.shape(3) != D || H % k.shape(1))
     fail(op, "k and v must be [B, kv_heads, S, D] with kv_heads dividing the query heads");
-  const int S = k.shape(2);
+  if (kv_len > k.shape(2) || kv_len == 0 || kv_len < -1) fail(op, "kv_len must be in [1, S] (or -1 for all)");
+  const int S = kv_len < 0 ? k.shape(2) : kv_len;
   std::optional<mx::array> m = mask;
   const MaskKind kind = mask_kind(op, m, causal, B, H, L, S, s);
   std::vector<mx::array> inputs{as_f32(q, s), as_f32(k, s), as_f32(v, s)};
   if (m) inputs.push_back(*m);
-  auto out = mx::array({B, L, H * D}, mx::float32, std::make_shared<Attention>(mx::to_stream(s), scale, kind, 0, 0),
-                       std::move(inputs));
+  auto out = mx::array({B, L, H * D}, mx::float32,
+                       std::make_shared<Attention>(mx::to_stream(s), scale, kind, 0, 0, kv_len), std::move(inputs));
   return back_to(out, q.dtype(), s);
 }
 

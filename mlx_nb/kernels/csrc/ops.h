@@ -15,14 +15,14 @@ namespace mlxnb {
 // `scheme` kAffine / kSym / kKQuant / kQ6K with its `biases`, `sub` and `zero`; mlx_nb.kernels.packing
 // makes it from MLX's affine weights, pack_ggml from GGUF's blocks), activations quantized to int8
 // in blocks of 32. With norm_weight, x is RMS-normalized first (eps); with gate, x holds [gate, up]
-// halves and the matmul reads silu(gate) * up; with residual, it is added to the result. `digits`:
+// halves and the matmul reads silu(gate) * up; then bias ([n]) and residual are added. `digits`:
 // the activations' int8 digits (isa.h's QActs), 1 as llama.cpp, or 2 for ~15 bits.
 mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales,
                   const std::optional<mx::array>& biases, int n, int group_size, int bits, int scheme = 0,
                   int zero = 0, const std::optional<mx::array>& sub = std::nullopt, int digits = 1,
                   const std::optional<mx::array>& norm_weight = std::nullopt, float eps = 0.0f,
                   const std::optional<mx::array>& residual = std::nullopt, bool gate = false,
-                  mx::StreamOrDevice s = {});
+                  const std::optional<mx::array>& bias = std::nullopt, mx::StreamOrDevice s = {});
 // Rows `ids` of such a weight (n rows of k), dequantized to float32: a quantized embedding's lookup.
 mx::array qgather(const mx::array& ids, const mx::array& packed, const mx::array& scales,
                   const std::optional<mx::array>& biases, int n, int k, int group_size, int bits, int scheme = 0,
@@ -43,11 +43,20 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::S
 // mx.fast.rope's contract: x [B, ..., L, D], offset a scalar or one per batch row.
 mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
                const mx::array& offset, const std::optional<mx::array>& freqs, mx::StreamOrDevice s = {});
-// Splits a fused projection [B, L, (heads + 2 kv_heads) * head_dim] into q [B, heads, L, head_dim],
-// k and v [B, kv_heads, L, head_dim], with RoPE (mx.fast.rope's arguments) applied to q and k.
-std::vector<mx::array> qkv_rope(const mx::array& qkv, int heads, int kv_heads, int head_dim, int dims, bool traditional,
-                                std::optional<float> base, float scale, const mx::array& offset,
-                                const std::optional<mx::array>& freqs, mx::StreamOrDevice s = {});
+// Splits a fused projection [B, L, (heads + 2 kv_heads) * head_dim], given whole or as parts side by
+// side (each a multiple of head_dim wide), into q [B, heads, L, head_dim], k and v [B, kv_heads, L,
+// head_dim], with RoPE (mx.fast.rope's arguments) applied to q and k. With k_cache and v_cache
+// (float32 [B, kv_heads, S, head_dim]), k and v are those caches with the new keys and values
+// written at columns [write_at, write_at + L), in place when MLX may donate their buffers.
+std::vector<mx::array> qkv_rope(const std::vector<mx::array>& parts, int heads, int kv_heads, int head_dim, int dims,
+                                bool traditional, std::optional<float> base, float scale, const mx::array& offset,
+                                const std::optional<mx::array>& freqs,
+                                const std::optional<mx::array>& k_cache = std::nullopt,
+                                const std::optional<mx::array>& v_cache = std::nullopt, int write_at = 0,
+                                mx::StreamOrDevice s = {});
+// How many caches qkv_rope has copied whole because MLX could not donate their buffers (another
+// array still held them): a decode step should add none.
+int64_t qkv_rope_cache_copies();
 // Attention over MLX-quantized keys and values (words, scales, biases); returns [B, L, H * D].
 mx::array quantized_attention(const mx::array& q, const mx::array& kw, const mx::array& ks, const mx::array& kb,
                               const mx::array& vw, const mx::array& vs, const mx::array& vb, float scale, int bits,
@@ -55,9 +64,10 @@ mx::array quantized_attention(const mx::array& q, const mx::array& kw, const mx:
                               mx::StreamOrDevice s = {});
 // softmax(q k^T * scale + mask) v for q [B, H, L, D], k and v [B, Hk, S, D] (Hk dividing H); mask a
 // boolean (true keeps) or additive array broadcasting to [B, H, L, S], or causal (queries aligned to
-// the last keys). Returns [B, L, H * D].
+// the last keys). With kv_len, only the first kv_len keys and values are read (a cache's filled part).
+// Returns [B, L, H * D].
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                    const std::optional<mx::array>& mask, mx::StreamOrDevice s = {});
+                    const std::optional<mx::array>& mask, int kv_len = -1, mx::StreamOrDevice s = {});
 mx::array silu_mul(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
 // silu(x[..., :H]) * x[..., H:] for x [..., 2H]: the output of a fused gate-and-up projection.
 mx::array silu_gate(const mx::array& x, mx::StreamOrDevice s = {});

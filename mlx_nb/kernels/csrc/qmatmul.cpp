@@ -11,13 +11,14 @@ namespace {
 
 struct Scratch {
   std::vector<int8_t> q;
-  std::vector<float> d, sum, half, x, normed, norm_w, res;
+  std::vector<float> d, sum, half, x, normed, norm_w, bias, res;
 };
 
-// Optional work fused into a matmul: an RMSNorm of x first (the layer's input norm), a residual
-// added to the result (the layer's skip connection); each computed as its own op would.
+// Optional work fused into a matmul: an RMSNorm of x first (the layer's input norm), then a bias
+// (qwen2's q/k/v) and a residual (the layer's skip connection) added to the result, in that order;
+// each computed as its own op would. Each is an op fewer in a decode step's graph.
 struct Fused {
-  std::optional<mx::array> norm_weight, residual;
+  std::optional<mx::array> norm_weight, bias, residual;
   float eps = 0.0f;
   bool gate = false;  // x holds [gate, up] halves: the matmul reads silu(gate) * up (a SwiGLU's down)
 };
@@ -57,6 +58,11 @@ void run_qmatmul(const mx::array& xa, const QWeight& w, int digits, int64_t M, i
     const int64_t per = std::max<int64_t>(1, tiles / (pool.threads() * 4));
     pool.parallel_for((tiles + per - 1) / per, [&](int64_t t) { k.qgemm(g, t * per, std::min(tiles, (t + 1) * per)); });
   }
+  if (f.bias) {
+    const float* bias = row_major(*f.bias, sc.bias);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < N; ++j) out[r * N + j] = out[r * N + j] + bias[j];
+  }
   if (f.residual) {
     const float* res = row_major(*f.residual, sc.res);
     for (int64_t i = 0; i < M * N; ++i) out[i] = out[i] + res[i];
@@ -65,13 +71,13 @@ void run_qmatmul(const mx::array& xa, const QWeight& w, int digits, int64_t M, i
 
 class QMatmul : public CpuOnly {
  public:
-  QMatmul(mx::Stream s, int64_t n, Layout layout, bool norm, float eps, bool residual, bool gate)
-      : CpuOnly(s), n_(n), layout_(layout), norm_(norm), eps_(eps), residual_(residual), gate_(gate) {}
+  QMatmul(mx::Stream s, int64_t n, Layout layout, bool norm, float eps, bool bias, bool residual, bool gate)
+      : CpuOnly(s), n_(n), layout_(layout), norm_(norm), eps_(eps), bias_(bias), residual_(residual), gate_(gate) {}
   const char* name() const override { return "MlxNbQMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QMatmul&>(other);
-    return o.n_ == n_ && o.layout_ == layout_ && o.norm_ == norm_ && o.eps_ == eps_ && o.residual_ == residual_ &&
-           o.gate_ == gate_;
+    return o.n_ == n_ && o.layout_ == layout_ && o.norm_ == norm_ && o.eps_ == eps_ && o.bias_ == bias_ &&
+           o.residual_ == residual_ && o.gate_ == gate_;
   }
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     auto& out = outs[0];
@@ -81,6 +87,7 @@ class QMatmul : public CpuOnly {
     f.gate = gate_;
     size_t next = 1 + weight_inputs(layout_.scheme);
     if (norm_) f.norm_weight = in[next++], f.eps = eps_;
+    if (bias_) f.bias = in[next++];
     if (residual_) f.residual = in[next++];
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.dispatch([x = in[0], w = packed_view(in, 1, layout_), digits = layout_.digits, M, N = n_, K,
@@ -94,7 +101,7 @@ class QMatmul : public CpuOnly {
   Layout layout_;
   bool norm_;
   float eps_;
-  bool residual_, gate_;
+  bool bias_, residual_, gate_;
 };
 
 // Rows of a packed weight, dequantized: the lookup of a quantized embedding.
@@ -137,7 +144,8 @@ class QGather : public CpuOnly {
 mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& scales,
                   const std::optional<mx::array>& biases, int n, int group_size, int bits, int scheme, int zero,
                   const std::optional<mx::array>& sub, int digits, const std::optional<mx::array>& norm_weight,
-                  float eps, const std::optional<mx::array>& residual, bool gate, mx::StreamOrDevice s) {
+                  float eps, const std::optional<mx::array>& residual, bool gate,
+                  const std::optional<mx::array>& bias, mx::StreamOrDevice s) {
   const std::string op = "qmatmul";
   check_float(op, x);
   if (x.ndim() < 1) fail(op, "x must have at least one dimension");
@@ -153,13 +161,18 @@ mx::array qmatmul(const mx::array& x, const mx::array& packed, const mx::array& 
     if (norm_weight->ndim() != 1 || norm_weight->shape(0) != K) fail(op, "norm_weight must be [K]");
     inputs.push_back(as_f32(*norm_weight, s));
   }
+  if (bias) {
+    if (bias->ndim() != 1 || bias->shape(0) != n) fail(op, "bias must be [n]");
+    check_float(op, *bias);
+    inputs.push_back(as_f32(*bias, s));
+  }
   if (residual) {
     if (residual->shape() != shape) fail(op, "residual must have the output's shape");
     inputs.push_back(as_f32(*residual, s));
   }
   auto out = mx::array(shape, mx::float32,
                        std::make_shared<QMatmul>(mx::to_stream(s), n, layout, norm_weight.has_value(), eps,
-                                                 residual.has_value(), gate),
+                                                 bias.has_value(), residual.has_value(), gate),
                        std::move(inputs));
   return back_to(out, x.dtype(), s);
 }

@@ -1,5 +1,6 @@
 // RoPE as MLX primitives: mx.fast.rope's contract, and the split of a fused q/k/v projection into
 // heads with queries and keys rotated, in one pass instead of reshapes, transposes and two ropes.
+#include <atomic>
 #include <cmath>
 
 #include "common.h"
@@ -117,41 +118,90 @@ class Rope : public CpuOnly {
   RopeArgs a_;
 };
 
+std::atomic<int64_t> cache_copies{0};
+
+// Inputs: the projection's parts (side by side along the last axis), the offsets, the frequencies
+// if any, then the key and value caches if given (outputs 1 and 2 are then the caches with this
+// step's keys and values written at column `write_at`, in the caches' own buffers when MLX may
+// donate them: the cache update is not an op of its own).
 class QkvRope : public CpuOnly {
  public:
-  QkvRope(mx::Stream s, int heads, int kv_heads, int head_dim, RopeArgs a)
-      : CpuOnly(s), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), a_(a) {}
+  QkvRope(mx::Stream s, int heads, int kv_heads, int head_dim, RopeArgs a, int parts, bool freqs, int write_at)
+      : CpuOnly(s), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), a_(a), parts_(parts), freqs_(freqs),
+        write_at_(write_at) {}
   const char* name() const override { return "MlxNbQkvRoPE"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QkvRope&>(other);
-    return o.heads_ == heads_ && o.kv_heads_ == kv_heads_ && o.head_dim_ == head_dim_ && o.a_ == a_;
+    return o.heads_ == heads_ && o.kv_heads_ == kv_heads_ && o.head_dim_ == head_dim_ && o.a_ == a_ &&
+           o.parts_ == parts_ && o.freqs_ == freqs_ && o.write_at_ == write_at_;
   }
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
-    for (auto& o : outs) alloc(o);
+    const size_t cache_at = parts_ + 1 + (freqs_ ? 1 : 0);
+    const bool cached = in.size() > cache_at;
+    alloc(outs[0]);
+    // A cache is written in place when MLX lets us take its buffer, else copied whole first.
+    bool copy_k = false, copy_v = false;
+    auto take = [&](const mx::array& c, mx::array& o) {
+      if (c.is_donatable() && c.flags().row_contiguous && c.data_size() == c.size()) {
+        o.copy_shared_buffer(c);
+        return false;
+      }
+      alloc(o);
+      cache_copies.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    };
+    if (cached) {
+      // Each output of a primitive holds its own copy of the inputs, so a cache is held twice more
+      // than by `in` and MLX's donation test (nothing else holds the array) would always fail. The
+      // other outputs are being computed right here and MLX drops their inputs once this returns,
+      // so drop them now; under a transformation (a tracer) they stay, and so does the copy.
+      if (!outs[0].is_tracer())
+        for (auto& o : outs)
+          if (&o.inputs() != &in) o.inputs().clear();
+      copy_k = take(in[cache_at], outs[1]);
+      copy_v = take(in[cache_at + 1], outs[2]);
+    } else {
+      alloc(outs[1]), alloc(outs[2]);
+    }
+    std::optional<mx::array> freqs, kc, vc;
+    if (freqs_) freqs = in[parts_ + 1];
+    if (copy_k) kc = in[cache_at];
+    if (copy_v) vc = in[cache_at + 1];
     const int64_t B = in[0].shape(0), L = in[0].shape(1);
-    std::optional<mx::array> freqs;
-    if (in.size() > 2) freqs = in[2];
+    const int64_t S = cached ? outs[1].shape(2) : L, col = cached ? write_at_ : 0;
+    std::vector<mx::array> parts(in.begin(), in.begin() + parts_);
     auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.dispatch([xa = in[0], offa = in[1], freqs, q = outs[0].data<float>(), k = outs[1].data<float>(),
-                  v = outs[2].data<float>(), B, L, H = int64_t(heads_), Hk = int64_t(kv_heads_), D = int64_t(head_dim_),
-                  a = a_]() {
-      thread_local std::vector<float> xbuf;
-      const float* x = row_major(xa, xbuf);
+    enc.dispatch([parts, offa = in[parts_], freqs, kc, vc, q = outs[0].data<float>(), k = outs[1].data<float>(),
+                  v = outs[2].data<float>(), B, L, S, col, H = int64_t(heads_), Hk = int64_t(kv_heads_),
+                  D = int64_t(head_dim_), a = a_]() {
+      thread_local std::vector<float> cbuf;
+      if (kc) std::memcpy(k, row_major(*kc, cbuf), kc->nbytes());
+      if (vc) std::memcpy(v, row_major(*vc, cbuf), vc->nbytes());
+      // Each head's source: its part's rows, and its column in them.
+      thread_local std::vector<std::vector<float>> xbufs;
+      xbufs.resize(std::max(xbufs.size(), parts.size()));
+      const int64_t all = H + 2 * Hk;
+      std::vector<const float*> base(all);
+      std::vector<int64_t> width(all);
+      for (size_t p = 0, h = 0; p < parts.size(); ++p) {
+        const float* x = row_major(parts[p], xbufs[p]);
+        const int64_t w = parts[p].shape(-1);
+        for (int64_t c = 0; c < w; c += D, ++h) base[h] = x + c, width[h] = w;
+      }
       const int64_t n_off = offa.size();
       const RopeTable& t = table_for(offa, freqs, L, a);
       const int half = a.dims / 2;
-      const int64_t all = H + 2 * Hk;
       for_rows(B * L, all * D, [&](int64_t r0, int64_t r1) {
         for (int64_t bl = r0; bl < r1; ++bl) {
           const int64_t b = bl / L, l = bl % L, tb = n_off == 1 ? 0 : b;
           const float* c = t.cos.data() + (tb * L + l) * half;
           const float* s = t.sin.data() + (tb * L + l) * half;
-          const float* src = x + bl * all * D;
-          for (int64_t h = 0; h < H; ++h) rotate(src + h * D, q + ((b * H + h) * L + l) * D, c, s, a.dims, D, a.traditional);
+          auto src = [&](int64_t h) { return base[h] + bl * width[h]; };
+          for (int64_t h = 0; h < H; ++h) rotate(src(h), q + ((b * H + h) * L + l) * D, c, s, a.dims, D, a.traditional);
           for (int64_t h = 0; h < Hk; ++h)
-            rotate(src + (H + h) * D, k + ((b * Hk + h) * L + l) * D, c, s, a.dims, D, a.traditional);
+            rotate(src(H + h), k + ((b * Hk + h) * S + col + l) * D, c, s, a.dims, D, a.traditional);
           for (int64_t h = 0; h < Hk; ++h)
-            std::memcpy(v + ((b * Hk + h) * L + l) * D, src + (H + Hk + h) * D, D * sizeof(float));
+            std::memcpy(v + ((b * Hk + h) * S + col + l) * D, src(H + Hk + h), D * sizeof(float));
         }
       });
     });
@@ -160,18 +210,24 @@ class QkvRope : public CpuOnly {
  private:
   int heads_, kv_heads_, head_dim_;
   RopeArgs a_;
+  int parts_;
+  bool freqs_;
+  int write_at_;
 };
 
-std::vector<mx::array> rope_inputs(const std::string& op, const mx::array& x, int batch, const mx::array& offset,
-                                   const std::optional<mx::array>& freqs, int dims, std::optional<float> base,
-                                   mx::StreamOrDevice s) {
+// The inputs of a RoPE primitive: `xs` as float32, then the offsets (int32), then the frequencies if any.
+std::vector<mx::array> rope_inputs(const std::string& op, const std::vector<mx::array>& xs, int batch,
+                                   const mx::array& offset, const std::optional<mx::array>& freqs, int dims,
+                                   std::optional<float> base, mx::StreamOrDevice s) {
   if (base.has_value() == freqs.has_value()) fail(op, "give exactly one of base and freqs");
   if (dims <= 0 || dims % 2) fail(op, "dims must be even and positive");
   if (!mx::issubdtype(offset.dtype(), mx::integer) || offset.ndim() > 1 ||
       (offset.size() != 1 && offset.size() != static_cast<size_t>(batch)))
     fail(op, "offset must be an integer scalar or one per batch row");
   mx::array off = offset.dtype() == mx::int32 ? offset : mx::astype(offset, mx::int32, s);
-  std::vector<mx::array> inputs{as_f32(x, s), off};
+  std::vector<mx::array> inputs;
+  for (auto& x : xs) inputs.push_back(as_f32(x, s));
+  inputs.push_back(off);
   if (freqs) {
     if (freqs->ndim() != 1 || freqs->size() != static_cast<size_t>(dims / 2)) fail(op, "freqs must have dims / 2 entries");
     inputs.push_back(as_f32(*freqs, s));
@@ -181,36 +237,64 @@ std::vector<mx::array> rope_inputs(const std::string& op, const mx::array& x, in
 
 }  // namespace
 
+int64_t qkv_rope_cache_copies() { return cache_copies.load(std::memory_order_relaxed); }
+
 mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
                const mx::array& offset, const std::optional<mx::array>& freqs, mx::StreamOrDevice s) {
   const std::string op = "rope";
   check_float(op, x);
   if (x.ndim() < 3) fail(op, "x must have at least 3 dimensions");
   if (dims > x.shape(-1)) fail(op, "dims must be at most x's last axis");
-  auto inputs = rope_inputs(op, x, x.shape(0), offset, freqs, dims, base, s);
+  auto inputs = rope_inputs(op, {x}, x.shape(0), offset, freqs, dims, base, s);
   auto out = mx::array(x.shape(), mx::float32,
                        std::make_shared<Rope>(mx::to_stream(s), RopeArgs{dims, traditional, base.value_or(0.0f), scale}),
                        std::move(inputs));
   return back_to(out, x.dtype(), s);
 }
 
-std::vector<mx::array> qkv_rope(const mx::array& qkv, int heads, int kv_heads, int head_dim, int dims, bool traditional,
-                                std::optional<float> base, float scale, const mx::array& offset,
-                                const std::optional<mx::array>& freqs, mx::StreamOrDevice s) {
+std::vector<mx::array> qkv_rope(const std::vector<mx::array>& parts, int heads, int kv_heads, int head_dim, int dims,
+                                bool traditional, std::optional<float> base, float scale, const mx::array& offset,
+                                const std::optional<mx::array>& freqs, const std::optional<mx::array>& k_cache,
+                                const std::optional<mx::array>& v_cache, int write_at, mx::StreamOrDevice s) {
   const std::string op = "qkv_rope";
-  check_float(op, qkv);
-  if (qkv.ndim() != 3 || qkv.shape(-1) != (heads + 2 * kv_heads) * head_dim)
+  if (parts.empty()) fail(op, "give the projection as one array or its parts");
+  const auto& first = parts[0];
+  int64_t width = 0;
+  for (auto& p : parts) {
+    check_float(op, p);
+    if (p.ndim() != 3 || p.shape(0) != first.shape(0) || p.shape(1) != first.shape(1) || p.shape(2) % head_dim)
+      fail(op, "each part must be [B, L, a multiple of head_dim]");
+    width += p.shape(2);
+  }
+  if (width != int64_t(heads + 2 * kv_heads) * head_dim)
     fail(op, "qkv must be [B, L, (heads + 2 * kv_heads) * head_dim]");
   if (dims > head_dim) fail(op, "dims must be at most head_dim");
-  const int B = qkv.shape(0), L = qkv.shape(1);
-  auto inputs = rope_inputs(op, qkv, B, offset, freqs, dims, base, s);
+  const int B = first.shape(0), L = first.shape(1);
+  if (k_cache.has_value() != v_cache.has_value()) fail(op, "give both caches or neither");
+  auto inputs = rope_inputs(op, parts, B, offset, freqs, dims, base, s);
+  mx::Shape kv_shape{B, kv_heads, L, head_dim};
+  if (k_cache) {
+    for (auto* c : {&*k_cache, &*v_cache})
+      if (c->dtype() != mx::float32 || c->ndim() != 4 || c->shape(0) != B || c->shape(1) != kv_heads ||
+          c->shape(3) != head_dim || c->shape() != k_cache->shape())
+        fail(op, "the caches must be float32 [B, kv_heads, S, head_dim]");
+    if (write_at < 0 || write_at + L > k_cache->shape(2)) fail(op, "write_at + L must fit in the caches");
+    kv_shape = k_cache->shape();
+    inputs.push_back(*k_cache);
+    inputs.push_back(*v_cache);
+  } else {
+    write_at = 0;
+  }
   auto outs = mx::array::make_arrays(
-      {{B, heads, L, head_dim}, {B, kv_heads, L, head_dim}, {B, kv_heads, L, head_dim}},
-      {mx::float32, mx::float32, mx::float32},
+      {{B, heads, L, head_dim}, kv_shape, kv_shape}, {mx::float32, mx::float32, mx::float32},
       std::make_shared<QkvRope>(mx::to_stream(s), heads, kv_heads, head_dim,
-                                RopeArgs{dims, traditional, base.value_or(0.0f), scale}),
+                                RopeArgs{dims, traditional, base.value_or(0.0f), scale}, int(parts.size()),
+                                freqs.has_value(), write_at),
       std::move(inputs));
-  for (auto& o : outs) o = back_to(o, qkv.dtype(), s);
+  if (!k_cache)
+    for (auto& o : outs) o = back_to(o, first.dtype(), s);
+  else
+    outs[0] = back_to(outs[0], first.dtype(), s);
   return outs;
 }
 
