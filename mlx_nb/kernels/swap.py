@@ -135,7 +135,7 @@ def _concat_linears(parts: list) -> Optional[nn.Module]:
     if kinds == {"q"}:
         same = QLinear.concat(parts)
         if same is None and len({p.input_dims for p in parts}) == 1 and len({"bias" in p for p in parts}) == 1:
-            return Stacked(parts)
+            return Stacked(_runs_of_one_format(parts))
         return same
     if kinds == {"f"}:
         if len({p.weight.shape[1] for p in parts}) > 1 or len({"bias" in p for p in parts}) > 1:
@@ -146,6 +146,16 @@ def _concat_linears(parts: list) -> Optional[nn.Module]:
             fused.bias = mx.concatenate([p.bias for p in parts])
         return fused
     return None
+
+
+def _runs_of_one_format(parts: list) -> list:
+    """`parts` with each run of neighbours QLinear.concat can join joined (a Q4_K_M file's Q4_K q
+    and k as one projection beside its Q6_K v): one matmul a run."""
+    runs = [parts[0]]
+    for p in parts[1:]:
+        joined = QLinear.concat([runs[-1], p])
+        runs[-1:] = [joined] if joined is not None else [runs[-1], p]
+    return runs
 
 
 def _output_dims(m: nn.Module) -> Optional[int]:

@@ -15,6 +15,7 @@ import pytest
 
 from gguf_files import byte_level_vocab, tiny_config, write_pair
 from ggml_blocks import QUANT_TYPES
+from mlx_nb.kernels.layers import QLinear, Stacked
 from mlx_nb.magics.tables import status_table
 from mlx_nb.models import load_model
 from mlx_nb.models.gguf import convert_gguf
@@ -43,6 +44,9 @@ def test_converted_file_computes_what_mlx_lm_computes(arch, seed, tmp_path):
     loaded = load_model(str(converted))
     assert set(loaded.formats) <= set(QUANT_TYPES), loaded.formats  # every tensor in its own block type
     assert sum(loaded.formats.values()) == len(loaded.config["gguf"]["tensors"])
+    for _, m in loaded.model.named_modules():  # projections of mixed types: one matmul per run of one type
+        if isinstance(m, Stacked):
+            assert all(QLinear.concat([a, b]) is None for a, b in zip(m.parts, m.parts[1:]))
     ids = mx.array([rng.integers(3, loaded.config["vocab_size"], 24).tolist()])
     want, got = reference(ids), loaded.model(ids)
     assert got.shape == want.shape
