@@ -6,7 +6,10 @@ transparent huge pages (2 MiB) go only to memory that asks for them, and MLX's a
 ask; since Linux 6.1, `MADV_COLLAPSE` turns pages already written into huge pages in place.
 Measured on the Llama-3.2-1B-shaped Q4_K_M file (2 cores, one stream, in one process, the same
 weights with and without): a decode step's matmuls took 25.7 ms instead of 28.1 ms with its
-tensors of 8 MB and more collapsed. Loading pays for it once (up to two seconds a gigabyte here).
+tensors of 8 MB and more collapsed. A layer's smaller matrices, scales and biases lie side by side
+and hold no whole huge page alone; taken together with their neighbours, 700 MB of that file's
+810 MB go into huge pages instead of 560 MB. Loading pays for it once (up to two seconds a
+gigabyte here).
 
 Where the system has no transparent huge pages, an older kernel, or `MLX_NB_HUGE_PAGES=0`, the
 weights stay as they are; on an older kernel they are still advised (`MADV_HUGEPAGE`), which the
@@ -48,26 +51,40 @@ def _address(a) -> Optional[int]:
 
 
 def collapse(module) -> int:
-    """Put the whole huge pages inside each parameter of 4 MiB or more into huge pages; returns the
-    bytes collapsed (0 where the system offers none)."""
+    """Put the whole huge pages inside each parameter's memory into huge pages, neighbouring
+    parameters' memory taken together (a layer's smaller matrices, scales and biases lie side by
+    side, and would each hold no whole huge page alone); returns the bytes collapsed (0 where the
+    system offers none)."""
     madvise = _madvise()
     if madvise is None:
         return 0
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    arrays = [a for _, a in tree_flatten(module.parameters()) if a.nbytes >= 2 * HUGE]
+    arrays = [a for _, a in tree_flatten(module.parameters()) if a.nbytes >= MIN_BYTES]
     mx.eval(arrays)
+    spans = sorted((start, start + a.nbytes) for a in arrays if (start := _address(a)) is not None)
     collapsed = 0
-    for a in arrays:
-        start = _address(a)
-        if start is None:
+    for start, end in _joined(spans):
+        first, last = -(-start // HUGE) * HUGE, end // HUGE * HUGE
+        if last <= first:
             continue
-        first, end = -(-start // HUGE) * HUGE, (start + a.nbytes) // HUGE * HUGE
-        if end <= first:
-            continue
-        if madvise(first, end - first, MADV_COLLAPSE) == 0:
-            collapsed += end - first
+        if madvise(first, last - first, MADV_COLLAPSE) == 0:
+            collapsed += last - first
         else:
-            madvise(first, end - first, MADV_HUGEPAGE)  # the kernel's background thread may, later
+            madvise(first, last - first, MADV_HUGEPAGE)  # the kernel's background thread may, later
     return collapsed
+
+
+MIN_BYTES = 64 << 10  # smaller arrays live among the allocator's other small objects
+
+
+def _joined(spans: list) -> list:
+    """Sorted (start, end) spans with those less than a huge page apart joined into one."""
+    out = []
+    for start, end in spans:
+        if out and start - out[-1][1] < HUGE:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
