@@ -291,7 +291,7 @@ class Attention(nn.Module):
     """mlx_lm's llama-family attention (q/k/v/o projections, RoPE, grouped heads, any KV cache) with
     q, k and v as one projection, their split and RoPE as one kernel, and attention as one kernel
     that reads the cache's keys and values in place. On mlx_lm's plain float KV caches, the split
-    also writes the new keys and values into the cache's buffers (`_write_into`)."""
+    also writes the new keys and values into the cache's buffers (`_write_at`)."""
 
     def __init__(self, qkv: nn.Module, o_proj: nn.Module, rope: RoPE, n_heads: int, n_kv_heads: int,
                  head_dim: int, scale: float):
