@@ -24,6 +24,7 @@ import sys
 from typing import Callable, Optional
 
 HUGE = 2 << 20  # bytes in a huge page (x86-64 and arm64 with 4 KiB base pages)
+MIN_BYTES = 64 << 10  # smaller arrays live among the allocator's other small objects
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 
@@ -74,9 +75,6 @@ def collapse(module) -> int:
         else:
             madvise(first, last - first, MADV_HUGEPAGE)  # the kernel's background thread may, later
     return collapsed
-
-
-MIN_BYTES = 64 << 10  # smaller arrays live among the allocator's other small objects
 
 
 def _joined(spans: list) -> list:
