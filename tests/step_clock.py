@@ -4,7 +4,7 @@ Whether a step speculates follows the step times `PromptLookup` measures (engine
 On a shared, busy machine a few slow verifying steps can make speculation never pay, and a test
 that counts accepted guesses then fails for a reason that is not the engine's. With this fixture
 the engine's own code runs unchanged but reads times from a clock that advances by a fixed cost
-per step: a plain step 10 ms, a verifying step of width w the prior slope's 10 * (1 + 0.35 (w - 1)).
+per step (and gives a verifying step's own time from it): a plain step 10 ms, a verifying step of width w the prior slope's 10 * (1 + 0.35 (w - 1)).
 """
 
 import pytest
@@ -28,4 +28,10 @@ def steady_step_costs(monkeypatch):
         self._steady_clock = clock
         real(self, clock, kind)
 
+    real_verified = speculation.PromptLookup.verified
+
+    def verified(self, rows, width, seconds):
+        real_verified(self, rows, width, PLAIN_S * (1 + speculation.PRIOR_SLOPE * (width - 1)))
+
     monkeypatch.setattr(speculation.PromptLookup, "step_started", steady)
+    monkeypatch.setattr(speculation.PromptLookup, "verified", verified)

@@ -201,7 +201,14 @@ class DecodeBatch(GenerationBatch):
                 or not cache_can_cut_back(self.prompt_cache)):
             return None
         budgets = [m - n - 1 for m, n in zip(self.max_tokens, self._num_tokens)]
-        planned = plan(spec, self.uids, self.tokens, budgets, lambda: self._next_tokens.tolist())
+        arrived = []  # when the pending tokens were read: the verifying step's own time starts there
+
+        def read_pending() -> list[int]:
+            pending = self._next_tokens.tolist()
+            arrived.append(time.perf_counter())
+            return pending
+
+        planned = plan(spec, self.uids, self.tokens, budgets, read_pending)
         if planned is None:
             return None
         pending, drafts = planned
@@ -226,6 +233,7 @@ class DecodeBatch(GenerationBatch):
             bonus.append(after)
             drops.append(width - kept)
         cut_back(self.prompt_cache, drops)
+        spec.verified(rows, width + 1, time.perf_counter() - arrived[0])
         spec.speculative_steps += 1
         for row, run in zip(self.tokens, runs):
             row.extend(run)

@@ -26,7 +26,8 @@ What `DecodeBatch` asks of this module:
   (plain KV caches, float or quantized), and only while the batch is small (`row_budget`). A row whose lookups find
   nothing or whose proposals fail is asked again after 2, 4, ... 32 steps, so free text costs next
   to nothing.
-- `PromptLookup.step_started(...)`: the time of each step, for the cost model.
+- `PromptLookup.step_started(...)` and `verified(...)`: the time of plain and of verifying steps,
+  for the cost model.
 - `cut_back(caches, drops)`: each row's rejected positions taken off the batch's KV cache, through
   the cache's public trim, and for rows that dropped more than others its right-padding roll
   (`prepare(right_padding=...)` + `finalize()`, what mlx_lm uses after right-padded prompts).
@@ -128,23 +129,28 @@ class PromptLookup:
     # -- the cost model -------------------------------------------------------------------------
     def step_started(self, now: float, kind: tuple) -> None:
         """A decode step starts (`kind`: ("plain", rows) or ("verify", rows, width)): the time since
-        the previous one is what that one took, bookkeeping included. Only a plain step that followed
-        a plain step of as many rows counts (the first after a change waited for an extend, or for a
-        batch that had emptied), and no interval far above the estimate (a prompt chunk read in the
-        same step)."""
+        the previous plain step started is what that one took, bookkeeping included. Only a plain step
+        that followed a plain step of as many rows counts (the first after a change waited for an
+        extend, for a batch that had emptied, or for nothing after a verifying step), and no interval
+        far above the estimate (a prompt chunk read in the same step). A verifying step is timed by
+        `verified`: its interval also holds the wait for the step before it, whose forward a plain
+        step would have waited for too."""
         if self._last is not None:
             started, previous, before = self._last
-            took = now - started
             if previous[0] == "plain":
-                table, key, estimate = self.plain_s, previous[1], self.plain_s.get(previous[1])
-                steady = before == previous
-            else:
-                table, key = self.verify_s, previous[1:]
-                estimate, steady = self.verify_s.get(key) or self.verify_cost(*key), True
-            if steady and (estimate is None or took < 1.5 * estimate):
-                known = table.get(key)
-                table[key] = took if known is None else DECAY * known + (1 - DECAY) * took
+                self._learn(self.plain_s, previous[1], now - started, steady=before == previous)
         self._last = (now, kind, None if self._last is None else self._last[1])
+
+    def verified(self, rows: int, width: int, seconds: float) -> None:
+        """A verifying step's own time: from its pending tokens' arrival to its runs' being known
+        (the draft model's guesses, the forward of `width` tokens a row, the acceptance, the cut-back)."""
+        self._learn(self.verify_s, (rows, width), seconds, steady=True)
+
+    def _learn(self, table: dict, key, took: float, steady: bool) -> None:
+        estimate = table.get(key) or (self.verify_cost(*key) if table is self.verify_s else None)
+        if steady and (estimate is None or took < 1.5 * estimate):
+            known = table.get(key)
+            table[key] = took if known is None else DECAY * known + (1 - DECAY) * took
 
     def verify_cost(self, rows: int, width: int) -> Optional[float]:
         """Seconds a verifying step of `width` tokens a row takes: measured, or extrapolated from the

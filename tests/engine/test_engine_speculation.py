@@ -170,6 +170,27 @@ def test_the_width_that_pays_follows_the_measured_step_times():
     assert spec.best_width([0.9], [8]) == 0  # verifying is slow here: never pays
 
 
+def test_a_verifying_steps_cost_is_its_own_time_not_the_wait_before_it():
+    """A verifying step first waits for the step before it (its pending tokens), as the plain step
+    after that one would have: that wait is not its cost. The interval between step starts enters
+    the plain table only for a plain step that followed a plain one; a verifying step's own time
+    comes from `verified` alone."""
+    spec = PromptLookup()
+    for now in (0.0, 0.010, 0.020):
+        spec.step_started(now, ("plain", 1))
+    spec.step_started(0.030, ("verify", 1, 3))  # the last plain interval (10 ms) counts
+    spec.verified(1, 3, 0.012)  # its own forward, after 10 ms of waiting
+    spec.step_started(0.052, ("plain", 1))  # 22 ms since the verifying step started: not a cost
+    spec.step_started(0.053, ("plain", 1))  # the plain step right after a verifying one waited for nothing
+    spec.step_started(0.063, ("plain", 1))
+    assert spec.verify_s == {(1, 3): 0.012}
+    assert spec.plain_s == {1: pytest.approx(0.010)}
+    spec.step_started(0.073, ("plain", 1))  # plain after plain again: learnt
+    assert spec.plain_s == {1: pytest.approx(0.010)}
+    spec.verified(1, 3, 0.5)  # far above its estimate (the box was busy): ignored
+    assert spec.verify_s == {(1, 3): 0.012}
+
+
 def test_cut_back_drops_each_rows_last_positions():
     """Three rows drop 1, 3 and 0 positions: each keeps its first tokens, right-aligned, the freed
     places become left padding, offsets count what is left (what a cache holding only the kept
