@@ -1,18 +1,29 @@
-"""Prompt-lookup speculation, on and off, in one run: an editing workload (the prompt holds code the
+"""Prompt-lookup speculation, on and off, in one run: editing workloads (the prompt holds code the
 answer repeats with a change, as a coding agent's edits do) and a free-text one, at 1 and 32 streams.
 
     .venv/bin/python bench/speculation.py    # writes bench/results/speculation.{json,md}
 
+The editing cases are generated: functions of 10-30 lines drawn (seeded) from this Python's own
+standard library, each with one of its local names to rename, asked the same way as the three
+hand-written snippets kept beside them. One stream reads each case alone, one after the other; 32
+streams read 32 cases at once.
+
 Two in-process Engines of the same model, one with `speculation=False`, take turns (the box is
 shared: ratios within one run). Greedy, so both must give the same tokens (checked). Tokens/s of
-decoding: from each batch's first token to its last; medians of REPS.
+decoding: from each batch's first token to its last (summed over the cases read one at a time);
+medians of REPS.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
+import random
 import statistics
 import sys
+import sysconfig
+import textwrap
 import time
 from pathlib import Path
 
@@ -22,8 +33,11 @@ import mlx_nb  # noqa: E402,F401  (preloads the fast BLAS before MLX)
 
 MODEL = "smollm2-135m-instruct"
 TOKENS = 200
-REPS = 3
+REPS = 5
 STREAMS = (1, 32)
+CASES = 32  # generated editing cases
+SEED = 0
+LINES = (10, 30)  # a drawn function's length
 
 SNIPPETS = [
     ("total", "grand_total", '''def summarize(records):
@@ -65,23 +79,86 @@ TOPICS = ["a lighthouse keeper who finds a message in a bottle", "the history of
           "why the sky is blue, for a child", "a recipe for bread, step by step"]
 
 
-def edit_messages(i: int) -> list:
-    old, new, code = SNIPPETS[i % len(SNIPPETS)]
+def stdlib_edits(n: int = CASES, seed: int = SEED) -> list[tuple[str, str, str, str]]:
+    """n (where, old name, new name, code): functions of LINES lines from the standard library's
+    top-level modules, in a seeded order, each with one of its arguments or locals that it uses at
+    least 3 times (not self, not a builtin's name) to rename."""
+    functions = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or not LINES[0] <= node.end_lineno - node.lineno + 1 <= LINES[1]:
+                continue
+            uses: dict[str, int] = {}
+            local = set()  # arguments and names assigned in the function
+            for sub in ast.walk(node):
+                name = sub.id if isinstance(sub, ast.Name) else sub.arg if isinstance(sub, ast.arg) else None
+                if name is not None:
+                    uses[name] = uses.get(name, 0) + 1
+                    if isinstance(sub, ast.arg) or isinstance(sub.ctx, ast.Store):
+                        local.add(name)
+            names = sorted(k for k in local if uses[k] >= 3 and len(k) > 1 and k != "self"
+                           and not k.startswith("__") and not hasattr(builtins, k))
+            if names:
+                code = textwrap.dedent(ast.get_source_segment(source, node)) + "\n"
+                functions.append((f"{path.stem}.{node.name}", names, code))
+    rng = random.Random(seed)
+    rng.shuffle(functions)
+    return [(where, old, f"new_{old}", code) for where, names, code in functions[:n]
+            for old in [rng.choice(names)]]
+
+
+EDITS = stdlib_edits()
+
+
+def rename_messages(old: str, new: str, code: str) -> list:
     return [{"role": "user", "content": f"{code}\nRewrite the code above exactly as it is, but rename `{old}` to "
                                         f"`{new}` everywhere. Reply with the code only."}]
+
+
+def edit_messages(i: int) -> list:
+    return rename_messages(*EDITS[i % len(EDITS)][1:])
+
+
+def snippet_messages(i: int) -> list:
+    return rename_messages(*SNIPPETS[i % len(SNIPPETS)])
 
 
 def free_messages(i: int) -> list:
     return [{"role": "user", "content": f"Write a short essay about {TOPICS[i % len(TOPICS)]}."}]
 
 
+# name -> (messages, cases: how many the one-stream runs read one after the other)
+WORKLOADS = {"editing": (edit_messages, len(EDITS)), "editing, hand-written": (snippet_messages, len(SNIPPETS)),
+             "free text": (free_messages, len(TOPICS))}
+
+
 def run(engine, streams: int, messages) -> tuple[float, list]:
+    """Decode tokens/s of `streams` rows at once (row i asks messages(i)), and their tokens."""
     handles = [engine.submit(messages=messages(i), max_tokens=TOKENS) for i in range(streams)]
     next(iter(handles[0]))
     first = time.perf_counter()
     results = [h.result(timeout=1200) for h in handles]
     spent = time.perf_counter() - first
     return (sum(r.usage.completion_tokens for r in results) - 1) / spent, [r.token_ids for r in results]
+
+
+def run_alone(engine, cases: int, messages) -> tuple[float, list]:
+    """Decode tokens/s of one stream over `cases` requests read one after the other, and their tokens."""
+    tokens, spent, outputs = 0, 0.0, []
+    for i in range(cases):
+        handle = engine.submit(messages=messages(i), max_tokens=TOKENS)
+        next(iter(handle))
+        first = time.perf_counter()
+        result = handle.result(timeout=1200)
+        spent += time.perf_counter() - first
+        tokens += result.usage.completion_tokens - 1
+        outputs.append(result.token_ids)
+    return tokens / spent, outputs
 
 
 def copy_runs(context: list[int], answer: list[int], width: int, lookup: bool) -> float:
@@ -129,20 +206,34 @@ def forward_costs(engine, context: list[int], widths) -> dict:
     return {w: times[w] / times[1] for w in widths}
 
 
-def ceiling(engine, answers: list, widths=range(2, 10)) -> dict:
-    """What prompt lookup could gain on these answers at one stream, at best: tokens a verifying step
-    gives (this lookup's guesses; any copy's) over the step's cost, for each width."""
+def ceiling(engine, messages, answers: list, widths=range(2, 10)) -> dict:
+    """What prompt lookup could gain on these answers (answers[i] to messages(i)) at one stream, at
+    best: tokens a verifying step gives (this lookup's guesses; any copy's; over all the answers' steps)
+    over the step's cost, for each width."""
     tok = engine.loaded.tokenizer
-    contexts = [tok.apply_chat_template(edit_messages(i), add_generation_prompt=True, tokenize=True)
+    contexts = [tok.apply_chat_template(messages(i), add_generation_prompt=True, tokenize=True)
                 for i in range(len(answers))]
     cost = forward_costs(engine, contexts[0], widths)
+    total = sum(len(a) for a in answers)
     rows = {}
     for w in widths:
-        mine = statistics.mean(copy_runs(c, a, w, True) for c, a in zip(contexts, answers))
-        best = statistics.mean(copy_runs(c, a, w, False) for c, a in zip(contexts, answers))
+        mine = total / sum(len(a) / copy_runs(c, a, w, True) for c, a in zip(contexts, answers))
+        best = total / sum(len(a) / copy_runs(c, a, w, False) for c, a in zip(contexts, answers))
         rows[w] = {"cost": cost[w], "lookup_tokens": mine, "any_copy_tokens": best,
                    "lookup_speedup": mine / cost[w], "any_copy_speedup": best / cost[w]}
     return rows
+
+
+def ceiling_lines(name: str, bound: dict) -> list[str]:
+    return ["", f"## What the answers of \"{name}\" allow at one stream", "",
+            "Had every step of these answers (one stream, greedy, without speculation) verified a guess of "
+            "w - 1 tokens: the tokens a step gives with this lookup's guesses, and with the best guess any prompt "
+            "lookup could make (the longest run of the answer's next tokens found anywhere before them), against "
+            "the cost of a forward of w tokens over one (the model alone, after the first prompt).", "",
+            "| width w | forward cost | tokens a step: lookup | any copy | speed-up at best: lookup | any copy |",
+            "|---|---|---|---|---|---|",
+            *[f"| {w} | {r['cost']:.2f}x | {r['lookup_tokens']:.2f} | {r['any_copy_tokens']:.2f} | "
+              f"{r['lookup_speedup']:.2f}x | {r['any_copy_speedup']:.2f}x |" for w, r in bound.items()]]
 
 
 def main() -> int:
@@ -150,48 +241,50 @@ def main() -> int:
 
     engines = {"on": Engine(MODEL, prefix_cache=False, wait=True),
                "off": Engine(MODEL, prefix_cache=False, speculation=False, wait=True)}
-    workloads = {"editing": edit_messages, "free text": free_messages}
     for e in engines.values():
-        run(e, 2, edit_messages)  # warm-up
-    rates = {w: {n: {k: [] for k in engines} for n in STREAMS} for w in workloads}
+        run(e, 2, snippet_messages)  # warm-up
+    rates = {w: {n: {k: [] for k in engines} for n in STREAMS} for w in WORKLOADS}
+    alone = {}  # workload -> the one-stream answers without speculation (the last rep's)
     same = True
     for _ in range(REPS):
-        for w, messages in workloads.items():
+        for w, (messages, cases) in WORKLOADS.items():
             for n in STREAMS:
                 outputs = {}
                 for k, e in engines.items():
-                    rate, outputs[k] = run(e, n, messages)
+                    rate, outputs[k] = run_alone(e, cases, messages) if n == 1 else run(e, n, messages)
                     rates[w][n][k].append(rate)
                 same &= outputs["on"] == outputs["off"]
+                if n == 1:
+                    alone[w] = outputs["off"]
     spec = engines["on"].status()["speculation"]
-    answers = [run(engines["off"], 1, lambda _, i=i: edit_messages(i))[1][0] for i in range(len(SNIPPETS))]
-    bound = ceiling(engines["off"], answers)
+    bounds = {w: ceiling(engines["off"], WORKLOADS[w][0], alone[w]) for w in WORKLOADS if w.startswith("editing")}
     for e in engines.values():
         e.close()
     med = {w: {n: {k: statistics.median(v) for k, v in by.items()} for n, by in ns.items()} for w, ns in rates.items()}
     out = {"model": MODEL, "tokens": TOKENS, "reps": REPS, "identical_outputs": same, "median_tokens_per_s": med,
-           "runs": rates, "speculation": spec, "editing_ceiling": bound}
+           "runs": rates, "speculation": spec, "ceilings": bounds,
+           "editing_cases": {"seed": SEED, "lines": LINES, "python": sys.version.split()[0],
+                             "cases": [f"{where}: {old} -> {new}" for where, old, new, _ in EDITS]}}
     results = HERE / "results"
     (results / "speculation.json").write_text(json.dumps(out, indent=2))
     lines = ["# Prompt-lookup speculation in the shared batch", "",
-             f"{MODEL}, greedy, {TOKENS} tokens a row, median of {REPS} (on and off interleaved). Decode tokens/s "
-             "of the whole batch. Outputs with and without speculation identical: "
+             f"{MODEL}, greedy, {TOKENS} tokens a row, median of {REPS} (on and off interleaved). Decode tokens/s: "
+             "one stream over each workload's cases read one after the other, 32 streams over 32 of them at once. "
+             "Outputs with and without speculation identical: "
              f"**{'yes' if same else 'NO'}**.", "",
+             f"- **editing**: {len(EDITS)} functions of {LINES[0]}-{LINES[1]} lines drawn from Python "
+             f"{sys.version.split()[0]}'s standard library (seed {SEED}; listed in speculation.json), each asked to "
+             "be rewritten exactly with one of its names renamed.",
+             f"- **editing, hand-written**: the same request on {len(SNIPPETS)} short snippets written for this bench.",
+             f"- **free text**: short essays on {len(TOPICS)} topics.", "",
              "| workload | streams | off | on | on / off |", "|---|---|---|---|---|"]
     for w, ns in med.items():
         for n, r in ns.items():
             lines.append(f"| {w} | {n} | {r['off']:.1f} | {r['on']:.1f} | **{r['on'] / r['off']:.2f}x** |")
     lines += ["", f"Over the run: {spec['proposed_tokens']} tokens proposed, {spec['accepted_tokens']} accepted "
-              f"({spec['acceptance']}), in {spec['speculative_steps']} of {spec['steps']} decode steps.",
-              "", "## What the editing answers allow at one stream", "",
-              "Had every step of the editing answers (one stream, greedy, without speculation) verified a guess of "
-              "w - 1 tokens: the tokens a step gives with this lookup's guesses, and with the best guess any prompt "
-              "lookup could make (the longest run of the answer's next tokens found anywhere before them), against "
-              "the cost of a forward of w tokens over one (the model alone, after the first prompt).", "",
-              "| width w | forward cost | tokens a step: lookup | any copy | speed-up at best: lookup | any copy |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {w} | {r['cost']:.2f}x | {r['lookup_tokens']:.2f} | {r['any_copy_tokens']:.2f} | "
-              f"{r['lookup_speedup']:.2f}x | {r['any_copy_speedup']:.2f}x |" for w, r in bound.items()]
+              f"({spec['acceptance']}), in {spec['speculative_steps']} of {spec['steps']} decode steps."]
+    for w, bound in bounds.items():
+        lines += ceiling_lines(w, bound)
     (results / "speculation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if same else 1
