@@ -244,6 +244,7 @@ def main() -> int:
     for e in engines.values():
         run(e, 2, snippet_messages)  # warm-up
     rates = {w: {n: {k: [] for k in engines} for n in STREAMS} for w in WORKLOADS}
+    verifying = {w: {n: [0, 0] for n in STREAMS} for w in WORKLOADS}  # the on engine's verifying steps, steps
     alone = {}  # workload -> the one-stream answers without speculation (the last rep's)
     same = True
     for _ in range(REPS):
@@ -251,8 +252,13 @@ def main() -> int:
             for n in STREAMS:
                 outputs = {}
                 for k, e in engines.items():
+                    before = e.status()["speculation"]
                     rate, outputs[k] = run_alone(e, cases, messages) if n == 1 else run(e, n, messages)
                     rates[w][n][k].append(rate)
+                    if before is not None:
+                        after = e.status()["speculation"]
+                        verifying[w][n][0] += after["speculative_steps"] - before["speculative_steps"]
+                        verifying[w][n][1] += after["steps"] - before["steps"]
                 same &= outputs["on"] == outputs["off"]
                 if n == 1:
                     alone[w] = outputs["off"]
@@ -262,7 +268,7 @@ def main() -> int:
         e.close()
     med = {w: {n: {k: statistics.median(v) for k, v in by.items()} for n, by in ns.items()} for w, ns in rates.items()}
     out = {"model": MODEL, "tokens": TOKENS, "reps": REPS, "identical_outputs": same, "median_tokens_per_s": med,
-           "runs": rates, "speculation": spec, "ceilings": bounds,
+           "runs": rates, "verifying_steps": verifying, "speculation": spec, "ceilings": bounds,
            "editing_cases": {"seed": SEED, "lines": LINES, "python": sys.version.split()[0],
                              "cases": [f"{where}: {old} -> {new}" for where, old, new, _ in EDITS]}}
     results = HERE / "results"
@@ -277,10 +283,12 @@ def main() -> int:
              "be rewritten exactly with one of its names renamed.",
              f"- **editing, hand-written**: the same request on {len(SNIPPETS)} short snippets written for this bench.",
              f"- **free text**: short essays on {len(TOPICS)} topics.", "",
-             "| workload | streams | off | on | on / off |", "|---|---|---|---|---|"]
+             "| workload | streams | off | on | on / off | verifying steps (on) |", "|---|---|---|---|---|---|"]
     for w, ns in med.items():
         for n, r in ns.items():
-            lines.append(f"| {w} | {n} | {r['off']:.1f} | {r['on']:.1f} | **{r['on'] / r['off']:.2f}x** |")
+            v, steps = verifying[w][n]
+            lines.append(f"| {w} | {n} | {r['off']:.1f} | {r['on']:.1f} | **{r['on'] / r['off']:.2f}x** | "
+                         f"{v} of {steps} |")
     lines += ["", f"Over the run: {spec['proposed_tokens']} tokens proposed, {spec['accepted_tokens']} accepted "
               f"({spec['acceptance']}), in {spec['speculative_steps']} of {spec['steps']} decode steps."]
     for w, bound in bounds.items():
