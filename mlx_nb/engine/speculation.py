@@ -128,13 +128,13 @@ class PromptLookup:
 
     # -- the cost model -------------------------------------------------------------------------
     def step_started(self, now: float, kind: tuple) -> None:
-        """A decode step starts (`kind`: ("plain", rows) or ("verify", rows, width)): the time since
-        the previous plain step started is what that one took, bookkeeping included. Only a plain step
-        that followed a plain step of as many rows counts (the first after a change waited for an
-        extend, for a batch that had emptied, or for nothing after a verifying step), and no interval
-        far above the estimate (a prompt chunk read in the same step). A verifying step is timed by
-        `verified`: its interval also holds the wait for the step before it, whose forward a plain
-        step would have waited for too."""
+        """A decode step starts (`kind`: ("plain", rows) or ("verify", rows, width)): when the previous
+        step was a plain one, the time since it started is what it took, bookkeeping included. Only a
+        plain step that followed a plain step of as many rows counts (the first after a change waited
+        for an extend, for a batch that had emptied, or for nothing after a verifying step), and no
+        interval far above the estimate (a prompt chunk read in the same step). A verifying step is
+        timed by `verified`: its interval also holds the wait for the step before it, whose forward a
+        plain step would have waited for too."""
         if self._last is not None:
             started, previous, before = self._last
             if previous[0] == "plain":
