@@ -137,28 +137,25 @@ WORKLOADS = {"editing": (edit_messages, len(EDITS)), "editing, hand-written": (s
              "free text": (free_messages, len(TOPICS))}
 
 
-def run(engine, streams: int, messages) -> tuple[float, list]:
-    """Decode tokens/s of `streams` rows at once (row i asks messages(i)), and their tokens."""
-    handles = [engine.submit(messages=messages(i), max_tokens=TOKENS) for i in range(streams)]
+def decode(handles: list) -> tuple[int, float, list]:
+    """(tokens after the first, seconds from the first to the last, each handle's tokens)."""
     next(iter(handles[0]))
     first = time.perf_counter()
     results = [h.result(timeout=1200) for h in handles]
     spent = time.perf_counter() - first
-    return (sum(r.usage.completion_tokens for r in results) - 1) / spent, [r.token_ids for r in results]
+    return sum(r.usage.completion_tokens for r in results) - 1, spent, [r.token_ids for r in results]
+
+
+def run(engine, streams: int, messages) -> tuple[float, list]:
+    """Decode tokens/s of `streams` rows at once (row i asks messages(i)), and their tokens."""
+    tokens, spent, outputs = decode([engine.submit(messages=messages(i), max_tokens=TOKENS) for i in range(streams)])
+    return tokens / spent, outputs
 
 
 def run_alone(engine, cases: int, messages) -> tuple[float, list]:
     """Decode tokens/s of one stream over `cases` requests read one after the other, and their tokens."""
-    tokens, spent, outputs = 0, 0.0, []
-    for i in range(cases):
-        handle = engine.submit(messages=messages(i), max_tokens=TOKENS)
-        next(iter(handle))
-        first = time.perf_counter()
-        result = handle.result(timeout=1200)
-        spent += time.perf_counter() - first
-        tokens += result.usage.completion_tokens - 1
-        outputs.append(result.token_ids)
-    return tokens / spent, outputs
+    each = [decode([engine.submit(messages=messages(i), max_tokens=TOKENS)]) for i in range(cases)]
+    return sum(t for t, _, _ in each) / sum(s for _, s, _ in each), [o[0] for _, _, o in each]
 
 
 def copy_runs(context: list[int], answer: list[int], width: int, lookup: bool) -> float:

@@ -137,18 +137,20 @@ class PromptLookup:
         plain step would have waited for too."""
         if self._last is not None:
             started, previous, before = self._last
-            if previous[0] == "plain":
-                self._learn(self.plain_s, previous[1], now - started, steady=before == previous)
+            if previous[0] == "plain" and before == previous:
+                self._learn(self.plain_s, previous[1], now - started, self.plain_s.get(previous[1]))
         self._last = (now, kind, None if self._last is None else self._last[1])
 
     def verified(self, rows: int, width: int, seconds: float) -> None:
         """A verifying step's own time: from its pending tokens' arrival to its runs' being known
         (the draft model's guesses, the forward of `width` tokens a row, the acceptance, the cut-back)."""
-        self._learn(self.verify_s, (rows, width), seconds, steady=True)
+        key = (rows, width)
+        self._learn(self.verify_s, key, seconds, self.verify_s.get(key) or self.verify_cost(rows, width))
 
-    def _learn(self, table: dict, key, took: float, steady: bool) -> None:
-        estimate = table.get(key) or (self.verify_cost(*key) if table is self.verify_s else None)
-        if steady and (estimate is None or took < 1.5 * estimate):
+    @staticmethod
+    def _learn(table: dict, key, took: float, estimate: Optional[float]) -> None:
+        """`took` into table[key]'s decayed mean, unless it is far above the estimate."""
+        if estimate is None or took < 1.5 * estimate:
             known = table.get(key)
             table[key] = took if known is None else DECAY * known + (1 - DECAY) * took
 
