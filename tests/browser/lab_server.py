@@ -204,10 +204,24 @@ def _shot(page, name: str) -> None:
 
 
 def _dismiss_dialogs(page) -> None:
-    """A kernel selector or any other modal (none expected: the notebook names its kernel)."""
+    """Accept any modal JupyterLab put up, printing what it said. The extension opens none; Lab opens
+    its own (a kernel selector, a notice about its connection), and one that opens between two steps
+    swallows every click after it (seen once, under a full test run's load). What comes next still
+    checks that the page works."""
+    from playwright.sync_api import Error as PlaywrightError
+
     dialog = page.locator(".jp-Dialog")
-    if dialog.count():
-        dialog.locator(".jp-Dialog-button.jp-mod-accept").first.click()
+    for _ in range(3):
+        if not dialog.count():
+            return
+        try:
+            text = " | ".join(dialog.first.inner_text(timeout=2 * MS).split("\n"))
+            print(f"JupyterLab showed a dialog, accepted: {text[:300]}")
+            dialog.first.locator(".jp-Dialog-button.jp-mod-accept").first.click(timeout=5 * MS)
+            dialog.first.wait_for(state="detached", timeout=5 * MS)
+        except PlaywrightError as exc:  # it closed by itself meanwhile, or has no accept button
+            print(f"the dialog was not accepted ({str(exc).splitlines()[0]}): pressing Escape")
+            page.keyboard.press("Escape")
 
 
 def open_notebook(lab: Lab, page):
@@ -225,8 +239,19 @@ def open_notebook(lab: Lab, page):
 
 
 def menu(page, *path: str) -> None:
-    """Click through the menu bar: `menu(page, "Settings", "Theme", "JupyterLab Dark")`."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{path[0]}$")).click()
+    """Click through the menu bar: `menu(page, "Settings", "Theme", "JupyterLab Dark")`. A modal
+    JupyterLab opened meanwhile is accepted first (see `_dismiss_dialogs`)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    top = page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{path[0]}$"))
+    for attempt in range(3):
+        _dismiss_dialogs(page)
+        try:
+            top.click(timeout=10 * MS)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
     for label in path[1:]:
         page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(f"^{label}$")).click()
 
