@@ -24,7 +24,7 @@ What `DecodeBatch` asks of this module:
 - `plan(...)`: whether this step speculates, and each row's proposal. Only rows without logits
   processors, logprobs, a seed or their own sampler speculate, only on caches that can be cut back
   (plain KV caches, float or quantized), and only while the batch is small (`row_budget`). A row whose lookups find
-  nothing or whose proposals fail is asked again after 2, 4, ... 32 steps, so free text costs next
+  nothing or whose proposals fail is asked again after 2, then 4 steps, so free text costs next
   to nothing.
 - `PromptLookup.step_started(...)` and `verified(...)`: the time of plain and of verifying steps,
   for the cost model.
@@ -40,7 +40,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-MAX_BACKOFF = 32
+MAX_BACKOFF = 4  # steps a row waits at most between lookups that find nothing
+DRAFT_BACKOFF = 32  # ... between tries of a draft model no width paid for (each try costs its forwards)
 PRIOR_SLOPE = 0.35  # a verifying step of L tokens a row costs ~1 + 0.35 (L - 1) plain steps until measured
 PRIOR_RATE = 0.6  # a row's chance that its next proposed token is right, before it has proposed any
 DECAY = 0.8  # how fast a row's acceptance rate and the step timings follow what happens now
@@ -64,15 +65,22 @@ class RowState:
         self.trials = DECAY * self.trials + right + (right < guessed)
 
     def settle_shadow(self, tokens: list[int]) -> None:
-        """Score the unverified guess against the tokens that came since, once they confirm or refute it."""
+        """Score the unverified guess against the tokens that came since: a refuted guess by its right
+        run, one they have confirmed so far as that many right. Either way it is let go and the row
+        looks up again: waiting for a whole guess (17 tokens at one stream) to come true kept a row
+        that had started copying from proposing for that many steps."""
         if self.shadow is None:
             return
         start, guess = self.shadow
         came = tokens[start:start + len(guess)]
         right = next((i for i, (a, b) in enumerate(zip(came, guess)) if a != b), len(came))
-        if right < len(came) or len(came) == len(guess):
+        if right < len(came):
             self.score(right, len(guess))
-            self.shadow = None
+        elif right:
+            self.score(right, right)
+        else:
+            return  # no token came yet
+        self.shadow = None
 
 
 @dataclass
@@ -114,10 +122,12 @@ class PromptLookup:
             self.by_source[source][1] += accepted
         self.rows.setdefault(uid, RowState()).score(accepted, proposed)
 
-    def found_nothing(self, state: RowState) -> None:
-        """A lookup found no earlier occurrence: the row waits 2, 4, ... 32 steps before the next."""
+    def found_nothing(self, state: RowState, longest: int = MAX_BACKOFF) -> None:
+        """A lookup found no earlier occurrence: the row waits 2, then 4 steps before the next (a
+        lookup costs ~0.1 ms at 4k tokens; a row that starts copying again is caught soon). A draft
+        model's row no width paid for waits up to `longest` = DRAFT_BACKOFF."""
         state.failures += 1
-        state.due = self.steps + min(2 ** state.failures, MAX_BACKOFF)
+        state.due = self.steps + min(2 ** state.failures, longest)
 
     def forget(self, live_uids: list[int]) -> None:
         for uid in [u for u in self.rows if u not in live_uids]:
@@ -342,9 +352,9 @@ def _plan_drafts(spec: PromptLookup, uids: list[int], tokens: list[list[int]], b
     width = spec.best_width(rates, [min(limit, b) if d else 0 for b, d in zip(budgets, due)], pending_known=True)
     for st, d in zip(states, due):
         if d and not width:
-            spec.found_nothing(st)
+            spec.found_nothing(st, DRAFT_BACKOFF)
         elif d and st.failures:  # this step is its one try
-            st.due = spec.steps + min(2 ** st.failures, MAX_BACKOFF)
+            st.due = spec.steps + min(2 ** st.failures, DRAFT_BACKOFF)
     if not width:
         return None
     pending = read_pending()

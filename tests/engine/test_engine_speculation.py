@@ -12,7 +12,7 @@ import pytest
 from mlx_nb import Engine
 from mlx_nb.compat.configs import write_tiny
 from mlx_nb.engine.prompts import encode_prompt
-from mlx_nb.engine.speculation import PromptLookup, cut_back, propose
+from mlx_nb.engine.speculation import PromptLookup, cut_back, plan, propose
 from mlx_nb.models import load_model
 from chi_square import samples_differ
 from reference import reply_tokens
@@ -140,20 +140,40 @@ def test_a_row_whose_lookups_find_nothing_waits_and_its_rate_follows_its_guesses
     for _ in range(7):
         spec.found_nothing(state)
         waits.append(state.due - spec.steps)
-    assert waits == [2, 4, 8, 16, 32, 32, 32]
+    assert waits == [2, 4, 4, 4, 4, 4, 4]
     before = state.rate
-    state.shadow = (3, [5, 6, 7])  # a guess not verified: scored once the tokens decide it
-    state.settle_shadow([1, 2, 3, 5, 6])
-    assert state.shadow is not None and state.rate == before
-    state.settle_shadow([1, 2, 3, 5, 6, 7, 9])
+    state.shadow = (3, [5, 6, 7])  # a guess not verified: scored as the tokens come
+    state.settle_shadow([1, 2, 3])
+    assert state.shadow is not None and state.rate == before  # no token came yet
+    state.settle_shadow([1, 2, 3, 5, 6])  # right so far: scored, and let go
     assert state.shadow is None and state.rate > before
     high = state.rate
-    state.shadow = (7, [4, 4])
-    state.settle_shadow([1, 2, 3, 5, 6, 7, 9, 8])  # wrong at once
+    state.shadow = (5, [4, 4])
+    state.settle_shadow([1, 2, 3, 5, 6, 8])  # wrong at once
     assert state.shadow is None and state.rate < high
     spec.record(1, 4, 4)
     spec.record(1, 4, 0)
     assert (spec.proposed, spec.accepted) == (8, 4)
+
+
+def test_a_row_whose_unverified_guess_comes_true_looks_up_again_at_once():
+    """A guess no width paid for is scored as the tokens come; a row whose tokens confirm it looks up
+    again the very next step, its rate rising, instead of waiting until the whole guess has come."""
+    spec = PromptLookup()  # no step timed yet: no width pays, so every guess goes unverified
+
+    def not_read():
+        raise AssertionError("no width pays: the pending tokens must not be read")
+
+    row = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]  # it has started repeating its beginning
+    rates = []
+    for token in (3, 4, 5, 6):
+        spec.steps += 1
+        assert plan(spec, [7], [row], [100], not_read) is None
+        start, guess = spec.rows[7].shadow
+        assert start == len(row) and guess[0] == token  # looked up this step, and right
+        rates.append(spec.rows[7].rate)
+        row.append(token)
+    assert rates == sorted(rates) and rates[-1] > rates[0]
 
 
 def test_the_width_that_pays_follows_the_measured_step_times():
