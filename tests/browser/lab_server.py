@@ -193,7 +193,10 @@ def page():
         try:
             context = browser.new_context(viewport={"width": 1400, "height": 1000},
                                           permissions=["clipboard-read", "clipboard-write"])
-            yield context.new_page()
+            page = context.new_page()
+            # a modal JupyterLab opens while the test acts is accepted before the action goes on
+            page.add_locator_handler(page.locator(".jp-Dialog").first, _accept_dialog)
+            yield page
         finally:
             browser.close()
 
@@ -203,25 +206,25 @@ def _shot(page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-def _dismiss_dialogs(page) -> None:
-    """Accept any modal JupyterLab put up, printing what it said. The extension opens none; Lab opens
-    its own (a kernel selector, a notice about its connection), and one that opens between two steps
-    swallows every click after it (seen once, under a full test run's load). What comes next still
-    checks that the page works."""
-    from playwright.sync_api import Error as PlaywrightError
+def _accept_dialog(dialog) -> None:
+    """Accept a modal JupyterLab put up, printing what it said (Escape when it has no accept button).
+    The extension opens none; Lab opens its own (a kernel selector, a notice about its connection),
+    and one that opens between two steps swallows every click after it (seen once, under a full test
+    run's load). What comes next still checks that the page works."""
+    text = " | ".join(dialog.inner_text().split("\n"))
+    print(f"JupyterLab showed a dialog, accepted: {text[:300]}")
+    accept = dialog.locator(".jp-Dialog-button.jp-mod-accept")
+    if accept.count():
+        accept.first.click()
+    else:
+        dialog.page.keyboard.press("Escape")
 
-    dialog = page.locator(".jp-Dialog")
-    for _ in range(3):
-        if not dialog.count():
-            return
-        try:
-            text = " | ".join(dialog.first.inner_text(timeout=2 * MS).split("\n"))
-            print(f"JupyterLab showed a dialog, accepted: {text[:300]}")
-            dialog.first.locator(".jp-Dialog-button.jp-mod-accept").first.click(timeout=5 * MS)
-            dialog.first.wait_for(state="detached", timeout=5 * MS)
-        except PlaywrightError as exc:  # it closed by itself meanwhile, or has no accept button
-            print(f"the dialog was not accepted ({str(exc).splitlines()[0]}): pressing Escape")
-            page.keyboard.press("Escape")
+
+def _dismiss_dialogs(page) -> None:
+    """A dialog already open (the `page` fixture's handler deals with one that opens later)."""
+    dialog = page.locator(".jp-Dialog").first
+    if dialog.count():
+        _accept_dialog(dialog)
 
 
 def open_notebook(lab: Lab, page):
@@ -239,19 +242,8 @@ def open_notebook(lab: Lab, page):
 
 
 def menu(page, *path: str) -> None:
-    """Click through the menu bar: `menu(page, "Settings", "Theme", "JupyterLab Dark")`. A modal
-    JupyterLab opened meanwhile is accepted first (see `_dismiss_dialogs`)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    top = page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{path[0]}$"))
-    for attempt in range(3):
-        _dismiss_dialogs(page)
-        try:
-            top.click(timeout=10 * MS)
-            break
-        except PlaywrightTimeout:
-            if attempt == 2:
-                raise
+    """Click through the menu bar: `menu(page, "Settings", "Theme", "JupyterLab Dark")`."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{path[0]}$")).click()
     for label in path[1:]:
         page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel", has_text=re.compile(f"^{label}$")).click()
 
