@@ -194,7 +194,7 @@ def page():
             context = browser.new_context(viewport={"width": 1400, "height": 1000},
                                           permissions=["clipboard-read", "clipboard-write"])
             page = context.new_page()
-            # a modal JupyterLab opens while the test acts is accepted before the action goes on
+            # a modal that JupyterLab opens while the test acts is accepted before the action goes on
             page.add_locator_handler(page.locator(".jp-Dialog").first, _accept_dialog)
             yield page
         finally:

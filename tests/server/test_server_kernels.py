@@ -125,13 +125,17 @@ def test_two_kernels_share_the_engine(lab):
             # (httpx imported now, so the chat cells below start as soon as they arrive)
             assert run(kc, [kc.execute('import os, httpx; print(os.environ["MLX_NB_URL"])')]) == [lab.url]
         since = lab.last_seq()
+        earlier = {r["id"] for r in lab.get("status")["requests"]}  # an earlier test's, still listed: not this one
         long_msg = first.execute(KERNEL_LONG_CHAT.replace("EOS", repr(eos)))
         deadline = time.monotonic() + 120
-        while not (decoding := [r["id"] for r in lab.get("status")["requests"] if r["phase"] == "decode"]):
+        while not (decoding := [r["id"] for r in lab.get("status")["requests"]
+                                if r["phase"] == "decode" and r["id"] not in earlier]):
             assert time.monotonic() < deadline, "the first kernel's request never started decoding"
             time.sleep(0.05)
         (short_id,) = run(second, [second.execute(KERNEL_CHAT)], timeout=120)
-        assert lab.http.delete(f"{lab.url}/requests/{decoding[0]}").status_code == 202  # still running: ended now
+        ended = lab.http.delete(f"{lab.url}/requests/{decoding[0]}")  # still running: ended now
+        assert ended.status_code == 202, (ended.text, [e for e in lab.events(since)
+                                                       if decoding[0] in e["requests"] and e["kind"] != "step"])
         (long_id,) = run(first, [long_msg], timeout=120)
         ids = [long_id.removeprefix("chatcmpl-"), short_id.removeprefix("chatcmpl-")]
         assert ids[0] == decoding[0]
