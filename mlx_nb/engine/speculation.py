@@ -3,7 +3,9 @@
 Notebooks and coding agents ask for text that repeats what the prompt holds (an edited function, a
 quoted paragraph, a renamed variable). Such a row's next tokens can be guessed with no second
 model: find the latest earlier place in the row's own tokens (prompt and answer) where its last few
-tokens occurred, and propose what followed there. One forward pass of the batch then reads each
+tokens occurred, and propose what followed there. A row that has been copying looks first just past
+where its copy stood (its copy pointer), so the copy resumes after a renamed name and a common
+n-gram is found at its place in the text being copied. One forward pass of the batch then reads each
 row's pending token and its proposal together. A greedy row keeps a proposed token while it equals
 the greedy token the model gives at its place, so its tokens are exactly those it gives without
 speculation; a sampled row keeps it with the probability its settings give it and draws the
@@ -46,6 +48,7 @@ PRIOR_SLOPE = 0.35  # a verifying step of L tokens a row costs ~1 + 0.35 (L - 1)
 PRIOR_RATE = 0.6  # a row's chance that its next proposed token is right, before it has proposed any
 DECAY = 0.8  # how fast a row's acceptance rate and the step timings follow what happens now
 GAIN = 1.1  # speculate only when the expected tokens per second beat a plain step by this much
+FOLLOW = 16  # how far past where a row's copy stood a lookup looks first for where it resumes
 
 
 @dataclass
@@ -55,6 +58,7 @@ class RowState:
     hits: float = PRIOR_RATE  # decayed count of guessed tokens that were right ...
     trials: float = 1.0  # ... and of those plus first wrong ones: hits / trials estimates the rate
     shadow: Optional[tuple] = None  # (where in its tokens, guess): a guess not verified, scored as tokens come
+    copying: Optional[tuple] = None  # (its length at its last guess, where that guess was copied from)
 
     @property
     def rate(self) -> float:
@@ -63,6 +67,17 @@ class RowState:
     def score(self, right: int, guessed: int) -> None:
         self.hits = DECAY * self.hits + right
         self.trials = DECAY * self.trials + right + (right < guessed)
+
+    def copy_pointer(self, tokens: list[int]) -> Optional[int]:
+        """Where the text this row last copied from stands now: past the tokens that came since its
+        last guess as far as they agree with that text (at a renamed name, the place of the old
+        one). None before its first guess."""
+        if self.copying is None:
+            return None
+        at, start = self.copying
+        came = tokens[at:]
+        same = next((i for i, (a, b) in enumerate(zip(came, tokens[start:at])) if a != b), min(len(came), at - start))
+        return start + same
 
     def settle_shadow(self, tokens: list[int]) -> None:
         """Score the unverified guess against the tokens that came since: a refuted guess by its right
@@ -214,10 +229,32 @@ def propose(context: list[int], k: int, max_n: int = 4, min_n: int = 2) -> list[
     """k tokens that followed the latest earlier occurrence of the context's last n tokens (the
     longest n from max_n down to min_n that occurred before); [] if none did. A continuation that
     runs into the end goes on copying itself, as a loop does (LZ77's overlapping copy)."""
-    if k < 1 or len(context) <= min_n:
-        return []
+    start = continuation(context, max_n, min_n) if k >= 1 else None
+    return [] if start is None else copy_from(context, start, k)
+
+
+def continuation(context: list[int], max_n: int, min_n: int, follow: Optional[int] = None) -> Optional[int]:
+    """Where in `context` the tokens to guess next start: just after an earlier occurrence of its last
+    n tokens. With `follow` (where the row's copy of earlier text stood: see RowState.copy_pointer),
+    first the nearest occurrence of its last n tokens (n down to 1) ending within FOLLOW tokens past
+    it: after a rename the copy resumes there, where the latest occurrence of the new name's tokens
+    is the instruction or an earlier line, and a common n-gram ("self.") is found at its own place
+    in the text being copied. Then the latest occurrence, longest n from max_n down to min_n."""
     a = np.asarray(context, dtype=np.int64)
     size = len(a)
+    if size <= min_n:
+        return None
+    if follow is not None:
+        for n in range(min(max_n, size - 1), 0, -1):
+            lo, hi = max(follow, n), min(follow + FOLLOW, size - 1)  # starts s in [lo, hi]; s = size is the tail
+            if lo > hi:
+                break
+            hits = np.ones(hi - lo + 1, dtype=bool)
+            for j in range(n):
+                hits &= a[lo - n + j:hi - n + j + 1] == a[size - n + j]
+            found = np.flatnonzero(hits)
+            if found.size:
+                return lo + int(found[0])
     for n in range(min(max_n, size - 1), min_n - 1, -1):
         tail = a[size - n:]
         hits = np.ones(size - n, dtype=bool)  # where an earlier n tokens start (the tail itself excluded)
@@ -225,12 +262,16 @@ def propose(context: list[int], k: int, max_n: int = 4, min_n: int = 2) -> list[
             hits &= a[j:size - n + j] == tail[j]
         found = np.flatnonzero(hits)
         if found.size:
-            start = int(found[-1]) + n
-            out = a[start:start + k].tolist()
-            while len(out) < k:
-                out.append(out[len(out) - (size - start)])
-            return out
-    return []
+            return int(found[-1]) + n
+    return None
+
+
+def copy_from(context: list[int], start: int, k: int) -> list[int]:
+    """k tokens of `context` from `start`; past its end, the copy goes on copying itself."""
+    out = list(context[start:start + k])
+    while len(out) < k:
+        out.append(out[len(out) - (len(context) - start)])
+    return out
 
 
 def cut_back(caches: list, drops: list[int]) -> None:
@@ -306,13 +347,14 @@ def plan(spec: PromptLookup, uids: list[int], tokens: list[list[int]], budgets: 
         state = spec.rows.setdefault(uid, RowState())
         state.settle_shadow(row)
         guess = []
-        if state.shadow is None and state.due <= spec.steps:
-            guess = propose(row, min(limit, budget) + 1, spec.max_ngram, spec.min_ngram)
+        if state.shadow is None and state.due <= spec.steps and limit > 0:
+            start = continuation(row, spec.max_ngram, spec.min_ngram, state.copy_pointer(row))
+            guess = [] if start is None else copy_from(row, start, min(limit, budget) + 1)
             if len(guess) < 2:
                 spec.found_nothing(state)
                 guess = []
             else:
-                state.failures, state.shadow = 0, (len(row), guess)
+                state.failures, state.shadow, state.copying = 0, (len(row), guess), (len(row), start)
         guesses.append(guess)
     if not any(guesses):
         return None

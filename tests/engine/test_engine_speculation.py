@@ -59,16 +59,16 @@ def test_wrong_guesses_change_no_token(seed, tmp_path, monkeypatch, steady_step_
     path = write_tiny("qwen3", tmp_path / "qwen3", seed=seed)
     texts = _texts(seed + 10, 6)
     want = _reference(path, texts, [MAX_TOKENS] * len(texts))
-    real, calls = speculation.propose, [0]
+    real, calls = speculation.copy_from, [0]
 
-    def spoiled(context, k, *args):
-        draft = real(context, k, *args)
+    def spoiled(context, start, k):
+        draft = real(context, start, k)
         calls[0] += 1
         if draft and calls[0] % 3 == 0:
             return [(t + 1) % 200 for t in draft]
         return draft[:-1] + [(draft[-1] + 1) % 200] if len(draft) > 1 else draft
 
-    monkeypatch.setattr(speculation, "propose", spoiled)
+    monkeypatch.setattr(speculation, "copy_from", spoiled)
     with Engine(str(path), wait=True, prefix_cache=False) as engine:
         got = []
         for pair in (texts[:2], texts[2:4], texts[4:]):  # two rows a batch: small enough to speculate
@@ -130,6 +130,30 @@ def test_propose_takes_what_followed_the_latest_earlier_ngram():
     assert propose([1, 2, 3, 4], 4) == [] and propose([7, 7], 4) == []
     assert propose([3, 3, 3, 3], 4) == [3, 3, 3, 3]  # a loop goes on copying itself
     assert propose([8, 1, 2, 1, 2, 1], 5) == [2, 1, 2, 1, 2]
+
+
+def test_a_row_copying_its_prompt_resumes_after_a_renamed_name_where_the_copy_stood():
+    """The lookup `plan` makes, through a row's copy pointer: past a rename (old name 5, new name
+    50 51 55) the copy resumes at the old name's place, where the latest occurrence of the new
+    name's tokens (the instruction) would guess wrong and no 2-gram of the text occurred before."""
+    from mlx_nb.engine.speculation import RowState, continuation, copy_from
+
+    code = [11, 12, 13, 5, 14, 15, 16, 17, 12, 13, 5, 18]
+    prompt = code + [90, 5, 91, 50, 51, 55, 92]  # "... rename 5 to 50 51 55."
+    state = RowState()
+    row = prompt + [11, 12]
+    start = continuation(row, 4, 2, state.copy_pointer(row))
+    assert copy_from(row, start, 3) == [13, 5, 14]  # copying the code
+    state.copying = (len(row), start)
+    row += [13, 50, 51, 55, 14]  # the new name where the old one was
+    assert state.copy_pointer(row) == 3  # the old name's place
+    start = continuation(row, 4, 2, state.copy_pointer(row))
+    assert copy_from(row, start, 3) == [15, 16, 17]
+    assert continuation(row, 4, 2) is None  # without the pointer: [55, 14] never occurred
+    state.copying = (len(row), start)
+    row += [15, 99, 12, 13]  # a changed token, then a 2-gram the text holds twice: the place being copied
+    assert copy_from(row, continuation(row, 4, 2, state.copy_pointer(row)), 2) == [5, 18]
+    assert propose(row, 2) == [50, 51]  # not its latest occurrence (the answer's first line)
 
 
 def test_a_row_whose_lookups_find_nothing_waits_and_its_rate_follows_its_guesses():
