@@ -216,8 +216,8 @@ def ceiling(engine, messages, answers: list, widths=range(2, 10)) -> dict:
 def ceiling_lines(name: str, model: str, bound: dict) -> list[str]:
     return ["", f"## What {model}'s answers of \"{name}\" allow at one stream", "",
             "Had every step of these answers (one stream, greedy, without speculation) verified a guess of "
-            "w - 1 tokens: the tokens a step gives with this lookup's guesses, and with the best guess any prompt "
-            "lookup could make (the longest run of the answer's next tokens found anywhere before them), against "
+            "w - 1 tokens: the tokens a step gives with the latest-occurrence lookup's guesses (without the row's "
+            "copy pointer, which the engine's lookup adds), and with the best guess any prompt lookup could make (the longest run of the answer's next tokens found anywhere before them), against "
             "the cost of a forward of w tokens over one (the model alone, after the first prompt).", "",
             "| width w | forward cost | tokens a step: lookup | any copy | speed-up at best: lookup | any copy |",
             "|---|---|---|---|---|---|",
@@ -262,8 +262,8 @@ def measure(source: str, workloads: dict) -> dict:
                     rate, outputs = run_alone(engines, cases, messages, rep)
                 else:
                     rate, outputs = {}, {}
-                    for k, e in engines.items():
-                        rate[k], outputs[k] = run(e, n, messages)
+                    for k in list(engines)[rep % 2:] + list(engines)[:rep % 2]:  # which goes first alternates
+                        rate[k], outputs[k] = run(engines[k], n, messages)
                 for k in engines:
                     rates[w][n][k].append(rate[k])
                 after = engines["on"].status()["speculation"]
