@@ -76,7 +76,8 @@ class RowState:
             return None
         at, start = self.copying
         came = tokens[at:]
-        same = next((i for i, (a, b) in enumerate(zip(came, tokens[start:at])) if a != b), min(len(came), at - start))
+        source = tokens[start:min(at, start + len(came))]
+        same = next((i for i, (a, b) in enumerate(zip(came, source)) if a != b), len(source))
         return start + same
 
     def settle_shadow(self, tokens: list[int]) -> None:
@@ -246,24 +247,25 @@ def continuation(context: list[int], max_n: int, min_n: int, follow: Optional[in
         return None
     if follow is not None:
         for n in range(min(max_n, size - 1), 0, -1):
-            lo, hi = max(follow, n), min(follow + FOLLOW, size - 1)  # starts s in [lo, hi]; s = size is the tail
-            if lo > hi:
-                break
-            hits = np.ones(hi - lo + 1, dtype=bool)
-            for j in range(n):
-                hits &= a[lo - n + j:hi - n + j + 1] == a[size - n + j]
-            found = np.flatnonzero(hits)
+            found = _starts_after_tail(a, n, max(follow, n), min(follow + FOLLOW, size - 1))
             if found.size:
-                return lo + int(found[0])
+                return int(found[0])
     for n in range(min(max_n, size - 1), min_n - 1, -1):
-        tail = a[size - n:]
-        hits = np.ones(size - n, dtype=bool)  # where an earlier n tokens start (the tail itself excluded)
-        for j in range(n):
-            hits &= a[j:size - n + j] == tail[j]
-        found = np.flatnonzero(hits)
+        found = _starts_after_tail(a, n, n, size - 1)
         if found.size:
-            return int(found[-1]) + n
+            return int(found[-1])
     return None
+
+
+def _starts_after_tail(a: np.ndarray, n: int, lo: int, hi: int) -> np.ndarray:
+    """The places s in [lo, hi] just after an earlier occurrence of a's last n tokens (a[s - n:s]
+    equals them; s = len(a), the tail itself, is never in range), in order."""
+    if lo > hi:
+        return np.empty(0, dtype=np.int64)
+    hits = np.ones(hi - lo + 1, dtype=bool)
+    for j in range(n):
+        hits &= a[lo - n + j:hi - n + j + 1] == a[len(a) - n + j]
+    return lo + np.flatnonzero(hits)
 
 
 def copy_from(context: list[int], start: int, k: int) -> list[int]:
