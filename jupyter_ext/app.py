@@ -18,7 +18,7 @@ from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 
-from jupyter_ext import control, handlers, metrics, monitor
+from jupyter_ext import batches, control, handlers, metrics, monitor
 from jupyter_ext.headless import ModelServerApp
 from jupyter_ext.kernel_env import KernelEnv, KernelPort, direct_url
 from jupyter_ext.keys import KEY_FILE, Keys, load_or_create_key
@@ -40,6 +40,10 @@ ROUTES = [
     (r"mlx/v1/events", monitor.EventsHandler),
     (r"mlx/v1/health", monitor.HealthHandler),
     (r"mlx/v1/requests/([^/]+)", control.RequestHandler),
+    (r"mlx/v1/files", batches.FilesHandler),
+    (r"mlx/v1/files/([^/]+?)(/content)?", batches.FileHandler),
+    (r"mlx/v1/batches", batches.BatchesHandler),
+    (r"mlx/v1/batches/([^/]+?)(?:/(cancel))?", batches.BatchHandler),
     (r"mlx/v1/batch\.svg", monitor.BatchPictureHandler),
     (r"mlx/v1/cache\.svg", monitor.CachePictureHandler),
     (r"mlx/v1(/.*)?", monitor.NotFoundHandler),  # JSON 404s instead of Jupyter's HTML page
@@ -191,6 +195,25 @@ class MLXExtension(ExtensionApp):
     metrics_unauthenticated = Bool(
         False, help="Serve mlx/v1/metrics without the mlx API key (for a local Prometheus scraper).",
     ).tag(config=True)
+    job_rows_under_load = Int(
+        2, help="Batch slots a dataset job's rows keep while interactive requests run (the rest yield to them and "
+        "resume after): higher finishes jobs sooner under load, lower keeps chats closer to their idle speed.",
+    ).tag(config=True)
+    max_file_bytes = Int(
+        100 * 2**20, help="Largest file mlx/v1/files accepts (a batch's JSONL); 413 above.",
+    ).tag(config=True)
+    jobs_disk_bytes = Int(
+        2 * 2**30, help="Disk the jobs and files under $MLX_NB_HOME may hold together; the oldest finished jobs "
+        "are deleted first to make room.",
+    ).tag(config=True)
+    jobs_dir = Unicode(
+        None, allow_none=True,
+        help="Folder that keeps the jobs (their inputs and finished rows) and the uploaded files (None: "
+        "$MLX_NB_HOME, where a restarted server finds and resumes its unfinished jobs).",
+    ).tag(config=True)
+    job_ttl_s = Float(
+        7 * 24 * 3600.0, help="A finished job (its results and output files) is deleted this long after it ended.",
+    ).tag(config=True)
     stream_keepalive_s = Float(
         15.0, help="While a stream waits for its first token (a long prompt being read), an SSE comment this often.",
     ).tag(config=True)
@@ -206,6 +229,7 @@ class MLXExtension(ExtensionApp):
         self.engine = None
         self.remote = None
         self.registry = self._registry()
+        self.jobs = self._jobs()
         self.sweeper = None  # unloads idle models (keep_alive_s), started with the server
         self.event_queues: set = set()  # live /events streams, woken when the extension stops
         self.request_counts = metrics.RequestCounts()  # finished requests, for /metrics
@@ -247,6 +271,9 @@ class MLXExtension(ExtensionApp):
             url = self.kernel_port.start(serverapp, routes)
         self.kernel_env.publish(url, self.keys.kernel_key)
         self.log.info("mlx: serving %s; kernels reach it at %s", self.backend_url or self.model, url)
+        resumed = await asyncio.to_thread(self.jobs.resume_unfinished)  # jobs a stopped server left running
+        if resumed:
+            self.log.info("mlx: resumed %d unfinished job(s): %s", len(resumed), ", ".join(resumed))
 
     def start_engine(self):
         """Create the Engine (it loads in the background) unless it exists; returns it."""
@@ -281,6 +308,24 @@ class MLXExtension(ExtensionApp):
         return ModelRegistry(entries, make_engine, self._memory_budget(), self.keep_alive_s, prefix_bytes,
                              adapters=adapters_from([*self.adapters, *self.models]),
                              drafts={k: d for k, d in drafts.items() if d})
+
+    def _jobs(self):
+        """The dataset jobs and Batch API of this server (mlx_nb/jobs): rows run on the engine the line's
+        model names, in its background lane."""
+        from mlx_nb.jobs.manager import JobManager
+        from mlx_nb.jobs.rows import LocalTarget
+        from mlx_nb.jobs.store import Store
+
+        def engine_for(model: Optional[str]):
+            if self.backend_url:
+                raise LookupError("this server relays a backend: batches run on a local engine only")
+            if self.registered(model):
+                return self.registry.engine_for(model), model
+            return self.start_engine(), self.model
+
+        target = LocalTarget(engine_for, self.server_defaults)
+        store = Store(self.jobs_dir or None, disk_bytes=self.jobs_disk_bytes, ttl_s=self.job_ttl_s)
+        return JobManager(store, target, source="job: batch")
 
     def _memory_budget(self) -> int:
         from mlx_nb.engine.memory import physical_memory
@@ -374,6 +419,7 @@ class MLXExtension(ExtensionApp):
             allow_private_image_hosts=self.allow_private_image_hosts,
             max_image_bytes=self.max_image_bytes,
             max_image_pixels=self.max_image_pixels,
+            job_rows_under_load=self.job_rows_under_load,
         )
 
     async def stop_extension(self):
@@ -382,6 +428,8 @@ class MLXExtension(ExtensionApp):
             queue.put_nowait(None)
         if getattr(self, "sweeper", None) is not None:
             self.sweeper.stop()
+        if getattr(self, "jobs", None) is not None:
+            self.jobs.close()  # their unfinished rows resume at the next start
         engine, self.engine = getattr(self, "engine", None), None
         registry = getattr(self, "registry", None)
         remote, self.remote = getattr(self, "remote", None), None

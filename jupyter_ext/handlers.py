@@ -41,9 +41,7 @@ from mlx_nb.api import (
     sse_event,
 )
 from mlx_nb.api.forced_tools import enforced
-from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, Route, Serving
-from mlx_nb.api.tool_calls import DEFAULT_MARKERS
-from mlx_nb.engine.generic_tools import GENERIC
+from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, Route, Serving, serving_for
 from mlx_nb.engine.images import prefetch_remote_images
 from mlx_nb.engine.registry import keep_alive_seconds, split_adapter
 from mlx_nb.models.adapters import AdapterError
@@ -217,13 +215,7 @@ class GenerateHandler(PicksModels, ProxyMixin, MLXHandler):
         if self.ext.remote is not None:
             return await self.ext.remote.serving(self.ext.server_defaults())
         engine, name = await self.requested_engine()
-        fmt = engine.tool_format()
-        if fmt == GENERIC:  # tools were inlined in the generic markup: calls come back in it
-            return Serving(name, self.ext.server_defaults(engine), None, DEFAULT_MARKERS, fmt)
-        tok = engine.loaded.tokenizer
-        start, end = getattr(tok, "tool_call_start", None), getattr(tok, "tool_call_end", None)
-        return Serving(name, self.ext.server_defaults(engine), getattr(tok, "tool_parser", None),
-                       (start, end) if start and end else None, fmt)
+        return serving_for(engine, name, self.ext.server_defaults(engine))
 
     async def requested_engine(self):
         """(engine, the name it serves under) for the model the body names: another registered model's

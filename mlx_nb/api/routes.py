@@ -43,6 +43,20 @@ class Serving:
         return {"tool_parser": self.tool_parser, "tool_markers": self.tool_markers}
 
 
+def serving_for(engine, name: str, defaults: ServerDefaults) -> Serving:
+    """What a route needs to know of a ready local `engine` serving under `name`: its defaults and
+    how its tool calls are written (the chat template's markup, or the generic one)."""
+    from mlx_nb.api.tool_calls import DEFAULT_MARKERS
+    from mlx_nb.engine.generic_tools import GENERIC
+
+    fmt = engine.tool_format()
+    if fmt == GENERIC:  # tools were inlined in the generic markup: calls come back in it
+        return Serving(name, defaults, None, DEFAULT_MARKERS, fmt)
+    tok = engine.loaded.tokenizer
+    start, end = getattr(tok, "tool_call_start", None), getattr(tok, "tool_call_end", None)
+    return Serving(name, defaults, getattr(tok, "tool_parser", None), (start, end) if start and end else None, fmt)
+
+
 @dataclass
 class Admitted:
     """What the engine said when it took a request: its id, prompt length and granted budget."""

@@ -218,6 +218,57 @@ class Client:
                 if eng is not None:
                     eng.abort(request_id)
 
+    # -- jobs ---------------------------------------------------------------------------------
+    def _jobs(self):
+        from mlx_nb.client.jobs import EmbeddedJobs, RemoteJobs
+
+        return EmbeddedJobs(self._backend.fixed) if self.embedded else RemoteJobs(self.openai())
+
+    def map(self, inputs: Any, prompt: Optional[str] = None, *, system: Optional[str] = None,
+            model: Optional[str] = None, schema: Any = None, max_tokens: int = 256, temperature: float = 0.0,
+            top_p: Optional[float] = None, seed: Optional[int] = None, stop: Any = None, out: str = "answer",
+            wait: bool = True, progress: Any = True):
+        """The same question over every row of `inputs` (strings, dicts, a pandas Series or DataFrame), as a
+        job whose rows fill the engine's batch beside interactive chats (mlx_nb/jobs).
+
+        `prompt` is a template naming the row's fields (`"Classify: {text}"`; a string row is `{text}`);
+        `schema` (JSON schema, pydantic model or dataclass) holds each answer to it. Returns the answers
+        aligned with the rows: a list (None where a row failed, `.errors` saying why), or the DataFrame with
+        the answer's columns (the schema's fields, else `out`), `error` and token counts. The job is kept on
+        disk (embedded) or in the server: asked again after a restart, it resumes where it stopped.
+        `wait=False` returns the Job at once (`job.wait()`, `job.result()`, `job.cancel()`)."""
+        from mlx_nb.client.jobs import start_map
+
+        job = start_map(self._jobs(), inputs, prompt, self.model_name(model), system=system, schema=schema,
+                        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop, out=out)
+        if not wait:
+            return job
+        return job.wait(progress=progress).result()
+
+    async def amap(self, inputs: Any, prompt: Optional[str] = None, **kwargs: Any):
+        """`await client.amap(...)`: `map` without blocking the event loop."""
+        import asyncio
+
+        progress = kwargs.pop("progress", True)
+        job = await asyncio.to_thread(self.map, inputs, prompt, wait=False, **kwargs)
+        await asyncio.to_thread(job.wait, None, progress)
+        return await asyncio.to_thread(job.result)
+
+    def job(self, job_id: str, inputs: Any = None, schema: Any = None):
+        """A job by id (from `jobs()`, or another notebook); `inputs` and `schema` shape its result as map does."""
+        from mlx_nb.client.jobs import Job
+
+        job = Job(self._jobs(), job_id, inputs, schema)
+        try:
+            job.status()
+        except KeyError:
+            raise ClientError(f"no job {job_id!r}: client.jobs() lists them") from None
+        return job
+
+    def jobs(self) -> list[dict]:
+        """Every job the backend keeps (the newest first): id, status, request_counts, progress."""
+        return self._jobs().list()
+
     # -- introspection ------------------------------------------------------------------------
     def status(self) -> dict:
         return self.engine.status() if self.embedded else self._backend.get("status")

@@ -333,6 +333,31 @@ class Generator(BatchGenerator):
         room = self.completion_batch_size - len(self._generation_batch) - len(self._prompt_batch)
         return super()._make_batch(max(0, min(n, room)))
 
+    def park(self, uids: list[int]) -> dict:
+        """Take decoding rows out of the batch, keeping what resumes them exactly: {uid: (cache, the
+        tokens it holds)}, the last reported token taken back out of the cache. Put back with that
+        token as its one-token prompt, a row recomputes it and samples on from there: the token it
+        had sampled but not reported yet is sampled again (the same one, greedily), its logits
+        processors see the tokens they saw. Rows not decoding yet are left alone; a cache that cannot
+        be cut back (SSM state, a wrapped window) never yields."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        from mlx_nb.engine.upstream import extracted
+
+        wanted = set(uids)
+        decoding = [u for u in self._generation_batch.uids if u in wanted]
+        if not decoding:
+            return {}
+        found = self.remove(decoding, return_prompt_caches=True)
+        out = {}
+        for uid in decoding:
+            cache, tokens = extracted(found, uid)
+            if not can_trim_prompt_cache(cache):
+                raise ValueError("this cache cannot be cut back: its rows cannot yield")
+            trim_prompt_cache(cache, 1)
+            out[uid] = (cache, tokens)
+        return out
+
     def __init__(self, model, speculation: Optional[PromptLookup] = None, **kwargs):
         from mlx_nb.engine.upstream_guard import require
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 from mlx_nb.engine import workers
 from mlx_nb.engine.constrained import processor_for
+from mlx_nb.engine.background import BackgroundLane
 from mlx_nb.engine.events import EventLog, prompt_snippet
 from mlx_nb.engine.fim import fim_format, fim_prompt
 from mlx_nb.engine.handle import RequestHandle
@@ -95,6 +96,7 @@ class Engine(PrefixCacheControls, AdapterControls):
         draft_model: Optional[str] = None,
         kv_bits: Optional[int] = None,
         kv_group_size: int = 64,
+        job_rows_under_load: int = 2,
         wait: bool = False,
     ):
         from mlx_nb.models.sources import DEFAULT_MODEL
@@ -107,9 +109,12 @@ class Engine(PrefixCacheControls, AdapterControls):
         # kv_bits (8 or 4): each request's keys and values quantized, rows of the shared batch all the
         # same (engine/kv_quant.py); a model that cannot read them keeps float ones, and status() says why.
         KVQuantization.parse(kv_bits, kv_group_size)  # a wrong setting is refused here, in one line
+        # job_rows_under_load: a dataset job's rows keep this many batch slots while interactive requests
+        # run, and yield the rest to them (engine/background.py)
+        BackgroundLane(job_rows_under_load)  # likewise
         self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size,
                             prefill_budget_s=prefill_budget_s, speculation=speculation, draft_model=draft_model, kv_bits=kv_bits or None,
-                            kv_group_size=kv_group_size)
+                            kv_group_size=kv_group_size, job_rows_under_load=job_rows_under_load)
         self.event_log = EventLog(event_capacity)
         self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)
             roots=image_roots if image_roots is not None else [os.getcwd()],
@@ -263,7 +268,7 @@ class Engine(PrefixCacheControls, AdapterControls):
         rid = req.request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
         request = Request(rid, messages=messages, prompt=prompt, sampling=sampling, tools=req.tools,
                           chat_template_kwargs=dict(req.chat_template_kwargs or {}), suffix=suffix or None)
-        images, extra = [], {"source": req.source or "python", "label": prompt_snippet(messages, prompt)}
+        images, extra = [], {"source": req.source or "python", "label": prompt_snippet(messages, prompt), "job": req.job}
         if loaded.kind == "vision":  # every request to a vision model, text-only ones too
             from mlx_nb.engine.vision import prepare_vision_request
 

@@ -65,6 +65,11 @@ def _submitted(cmd: tuple) -> list:
     return list(cmd[1]) if cmd[0] == "submit_all" else [cmd[1]] if cmd[0] == "submit" else []
 
 
+def _interactive(cmd: tuple) -> list:
+    """The requests a command queues that are not a dataset job's rows (those never make a burst)."""
+    return [live for live in _submitted(cmd) if not live.extra.get("job")]
+
+
 class EngineLoop:
     def __init__(self, model_name: str, options: dict, prefix_options: dict, memory_options: dict,
                  event_log: EventLog, forced_policy: Optional[str] = None, load_progress=None,
@@ -229,10 +234,10 @@ class EngineLoop:
                 cmd = self.commands.get(block=idle and not spilled)
             except queue.Empty:
                 cmd = None
-            starts = idle and cmd is not None and cmd[0] in ("submit", "submit_all")
+            starts = idle and cmd is not None and bool(_interactive(cmd))
             burst_end = self.bursts.leave_idle(time.monotonic()) if starts else 0.0
             while cmd is not None:
-                for _ in _submitted(cmd):
+                for _ in _interactive(cmd):
                     self.bursts.submitted(time.monotonic())
                 if not self._handle(cmd):
                     return
@@ -247,6 +252,8 @@ class EngineLoop:
                         except queue.Empty:
                             cmd = None
             if runner.active:
+                runner.balance()  # job rows fill the slots interactive requests leave (engine/background.py)
+            if runner.by_uid:
                 runner.step()
                 self.memory.after_step(runner)
             if prefills:  # one vision prefill chunk between batch steps
@@ -263,7 +270,9 @@ class EngineLoop:
             if live.handle.done:  # aborted before it was admitted
                 return True
             try:
-                if self.prefills is not None:  # prefilled alone, then its cache MOVES into the batch
+                if live.extra.get("job") and self.prefills is None:  # a dataset job's row: it waits its turn
+                    self.runner.queue_background(live)
+                elif self.prefills is not None:  # prefilled alone, then its cache MOVES into the batch
                     self.prefills.add(live)
                 else:
                     self.runner.admit(live)

@@ -15,11 +15,13 @@ import logging
 import time
 from typing import Callable, Optional
 
+from mlx_nb.engine.background import UNDER_LOAD_ROWS, BackgroundLane, Parked
 from mlx_nb.engine.events import EventLog
 from mlx_nb.models.cache_layout import describe_layers
 from mlx_nb.models.cache_types import cache_type_name
 from mlx_nb.models.lora import attach_router
 from mlx_nb.engine.latency import Latency
+from mlx_nb.engine.layout import always_trimmable
 from mlx_nb.engine.live import LiveRequest
 from mlx_nb.engine.pacing import PrefillPacer
 from mlx_nb.engine.sampling import SamplerCache, logits_processors
@@ -46,6 +48,7 @@ class BatchRunner:
         kv=None,
         drafter=None,
         draft_note=None,
+        job_rows_under_load: int = UNDER_LOAD_ROWS,
     ):
         self.loaded = loaded
         self.kv = kv  # a KVQuantization: each request's plain KV layers quantized (engine/kv_quant.py)
@@ -62,6 +65,11 @@ class BatchRunner:
         self.pacer = PrefillPacer(prefill_step_size, prefill_budget_s)
         self.samplers = SamplerCache()
         self.by_uid: dict[int, LiveRequest] = {}
+        # dataset jobs' rows: admitted into the slots interactive requests leave (engine/background.py)
+        self.lane = BackgroundLane(job_rows_under_load)
+        # a running job row yields its slot only where its cache can be cut back by a token (plain KV)
+        self.yieldable = not self.sequential and all(always_trimmable(c) for c in loaded.make_cache())
+        self.job_rows = 0  # background rows finished, for status() and /metrics
         self.steps = 0
         self.generated_tokens = 0
         self.prompt_tokens = 0
@@ -99,10 +107,68 @@ class BatchRunner:
 
     @property
     def active(self) -> bool:
-        return bool(self.by_uid)
+        return bool(self.by_uid) or bool(self.lane)
 
     def live(self) -> list[LiveRequest]:
-        return list(self.by_uid.values())
+        return [*self.by_uid.values(), *self.lane.rows()]
+
+    # -- the background lane (dataset jobs) --------------------------------------------------
+    def queue_background(self, live: LiveRequest) -> None:
+        """A job's row: it waits in the lane until the batch has room for it (see `balance`)."""
+        live.phase = "queued"
+        self.lane.add(live)
+
+    def balance(self) -> None:
+        """Between two steps: background rows join the slots interactive rows leave free, or yield
+        theirs (taken out with their state, resumed later) past their share while interactive rows run."""
+        if self.sequential:  # one request at a time there: the lane only waits its turn
+            if not self.by_uid:
+                for row in self.lane.take(1):
+                    self._resume(row) if isinstance(row, Parked) else self.admit(row)
+            return
+        background = [lv for lv in self.by_uid.values() if lv.extra.get("job")]
+        room = self.lane.room(len(self.by_uid) - len(background), len(background), self.max_batch)
+        if room < 0 and self.yieldable:
+            self._yield([lv for lv in background if lv.phase == "decode"][room:])
+        for row in self.lane.take(max(0, room)):
+            try:
+                self._resume(row) if isinstance(row, Parked) else self.admit(row)
+            except Exception as exc:
+                live = row.live if isinstance(row, Parked) else row
+                live.finish("error", error=f"could not start the request: {type(exc).__name__}: {first_line(exc)}")
+
+    def _yield(self, lives: list[LiveRequest]) -> None:
+        """Background rows leave the batch with their cache and next token (engine/background.py)."""
+        if not lives:
+            return
+        parked = self._bg.park([lv.uid for lv in lives])
+        for live in lives:
+            if live.uid not in parked:
+                continue
+            cache, tokens = parked[live.uid]
+            self.by_uid.pop(live.uid, None)
+            live.phase = "parked"
+            self._left(live)
+            self.lane.park(Parked(live, cache, tokens))
+        self.events.publish("filter", self.steps, [lv.id for lv in lives if lv.phase == "parked"], reason="yield",
+                            batch_size=len(self.decoding))
+
+    def _resume(self, parked: Parked) -> None:
+        """A yielded row back in the batch, decoding on from the token it had sampled."""
+        live = parked.live
+        if live.handle.done:
+            return
+        remaining = live.request.sampling.max_tokens - live.generated
+        (uid,) = self._bg.insert_segments(segments=[[parked.tokens[-1:]]], max_tokens=[remaining],
+                                          caches=[parked.cache], all_tokens=[parked.tokens[:-1]],
+                                          samplers=[self._sampler(live)], logits_processors=[live.extra["procs"]])
+        live.uid = uid
+        live.phase = "decode"
+        self.by_uid[uid] = live
+        self.decoding.append(live.id)
+        self.events.publish("insert", self.steps, [live.id], prompt_tokens=len(live.prompt_tokens),
+                            cached_tokens=len(parked.tokens) - 1, resumed=True, source=live.extra.get("source"),
+                            label=live.extra.get("label"), job=live.extra.get("job"))
 
     # -- admission ---------------------------------------------------------------------------
     def _adapter_of(self, uid: int) -> Optional[str]:
@@ -134,7 +200,7 @@ class BatchRunner:
         # Segment ends (system prompt, conversation before the reply) become prefix-cache snapshots.
         cuts = [b for b in live.extra.get("boundaries", ()) if b > start] if self._reuses_prefix(live) else []
         edges = [start, *cuts, len(prompt)]
-        procs = [self._guard(live, fn) for fn in logits_processors(p, live.logits_processors)]
+        procs = live.extra["procs"] = [self._guard(live, fn) for fn in logits_processors(p, live.logits_processors)]
         (uid,) = self._bg.insert_segments(
             segments=[[prompt[a:b] for a, b in zip(edges, edges[1:])]],
             max_tokens=[p.max_tokens],
@@ -160,6 +226,7 @@ class BatchRunner:
             label=live.extra.get("label"),
             images=len(live.images),
             adapter=live.extra.get("adapter"),
+            job=live.extra.get("job"),
         )
 
     @staticmethod
@@ -263,7 +330,10 @@ class BatchRunner:
             return
         live.generated += 1
         self.generated_tokens += 1
-        self.latency.token(live, time.perf_counter())  # a stop token too: it ends the wait
+        if live.extra.get("job"):  # a background row: the latency histograms are the interactive rows'
+            live.last_token_at = time.perf_counter()
+        else:
+            self.latency.token(live, time.perf_counter())  # a stop token too: it ends the wait
         if r.finish_reason is not None and self._reuses_prefix(live) and r.prompt_cache is not None:
             self.prefix.store(list(r.all_tokens), r.prompt_cache, "assistant", live.extra.get("prefix_space"))
         if r.finish_reason == "stop":  # a stop token: never sent as content
@@ -316,8 +386,14 @@ class BatchRunner:
     def _left(self, live: LiveRequest) -> None:
         if live.id in self.decoding:
             self.decoding.remove(live.id)
+        if live.extra.get("job") and live.phase != "parked":
+            self.job_rows += 1
 
     def abort(self, request_id: str) -> bool:
+        waiting = self.lane.remove(request_id)
+        if waiting is not None:
+            waiting.finish("abort")
+            return True
         for live in self.by_uid.values():
             if live.id == request_id:
                 self._remove([live], "abort")
@@ -337,7 +413,7 @@ class BatchRunner:
         self._bg = self._new_generator()
 
     def close(self) -> None:
-        for live in list(self.by_uid.values()):
+        for live in [*self.by_uid.values(), *self.lane.clear()]:
             live.finish("abort", error="engine closed")
         self.by_uid.clear()
         self._bg.close()

@@ -38,6 +38,9 @@ class SubmitRequest:
     request_id: Optional[str] = None
     source: Optional[str] = None
     adapter: Optional[str] = None  # a LoRA adapter loaded on the engine (Engine.load_adapter), for this row
+    # a dataset job's id: the row runs in the background lane, in the slots interactive requests leave
+    # (engine/background.py); None: an interactive request, admitted at once
+    job: Optional[str] = None
 
     @classmethod
     def of(cls, **given: Any) -> "SubmitRequest":
