@@ -475,6 +475,8 @@ class Engine(PrefixCacheControls, AdapterControls):
             "prefix_cache": runner.prefix.status() if runner.prefix is not None else {"enabled": False},
             "adapters": self._adapters_on_thread(),
             "speculation": runner.speculation.status() if runner.speculation is not None else None,
+            # dataset jobs' rows (engine/background.py): waiting, in the batch, yielded to interactive rows
+            "background": runner.background_status(),
             "requests": requests,
         }
 

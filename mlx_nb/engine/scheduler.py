@@ -137,6 +137,11 @@ class BatchRunner:
                 live = row.live if isinstance(row, Parked) else row
                 live.finish("error", error=f"could not start the request: {type(exc).__name__}: {first_line(exc)}")
 
+    def background_status(self) -> dict:
+        in_batch = sum(1 for lv in self.by_uid.values() if lv.extra.get("job"))
+        return {"waiting": len(self.lane), "in_batch": in_batch, "rows_done": self.job_rows,
+                "yielded": self.lane.yielded, "rows_under_load": self.lane.under_load, "can_yield": self.yieldable}
+
     def _yield(self, lives: list[LiveRequest]) -> None:
         """Background rows leave the batch with their cache and next token (engine/background.py)."""
         if not lives:
@@ -163,9 +168,8 @@ class BatchRunner:
                                           caches=[parked.cache], all_tokens=[parked.tokens[:-1]],
                                           samplers=[self._sampler(live)], logits_processors=[live.extra["procs"]])
         live.uid = uid
-        live.phase = "decode"
+        live.phase = "queued"  # decoding again once its one-token prompt is read (_on_prompt)
         self.by_uid[uid] = live
-        self.decoding.append(live.id)
         self.events.publish("insert", self.steps, [live.id], prompt_tokens=len(live.prompt_tokens),
                             cached_tokens=len(parked.tokens) - 1, resumed=True, source=live.extra.get("source"),
                             label=live.extra.get("label"), job=live.extra.get("job"))

@@ -1,0 +1,149 @@
+"""The background lane (engine/background.py): a dataset job's rows fill the batch slots interactive
+requests leave, yield theirs to interactive rows (taken out with their cache, put back exactly where
+they were), keep a minimum share under load, and several jobs take turns.
+
+The yield is checked against the same rows run undisturbed, over every fixture family whose cache
+can be cut back, with and without a schema constraint and a quantized KV cache: token for token."""
+
+import threading
+import time
+
+import pytest
+
+from mlx_nb import Engine
+from mlx_nb.engine.constrained import Constraint
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "name": {"type": "string", "maxLength": 12}},
+          "required": ["ok", "name"]}
+
+
+def job_rows(eng, n, job="j1", max_tokens=32, offset=0):
+    return [eng.submit(messages=[{"role": "user", "content": f"row {offset + i}: tell me about item {i * 13}"}],
+                       max_tokens=max_tokens, temperature=0.0, job=job,
+                       constraint=Constraint("json_schema", SCHEMA) if i % 2 else None) for i in range(n)]
+
+
+def decoding(eng) -> int:
+    return sum(1 for r in eng.status()["requests"] if r["phase"] == "decode")
+
+
+def wait_for(cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def run(model, interrupt, kv_bits=None):
+    with Engine(model, max_batch=6, job_rows_under_load=1, prefix_cache=False, speculation=False, kv_bits=kv_bits,
+                wait=True) as eng:
+        rows = job_rows(eng, 6)
+        chats = []
+        if interrupt:
+            wait_for(lambda: decoding(eng) == 6)
+            for k in range(3):
+                chats.append(eng.submit(messages=[{"role": "user", "content": f"hello {k}"}], max_tokens=12,
+                                        temperature=0.0))
+                time.sleep(0.01)
+        out = [(h.result().token_ids, h.result().finish_reason) for h in rows]
+        for c in chats:
+            assert c.result().finish_reason in ("stop", "length")
+        yields = [e for e in eng.events() if e["kind"] == "filter" and e["detail"].get("reason") == "yield"]
+        return out, yields, eng.status()["background"]["can_yield"]
+
+
+# every fixture family; those whose cache cannot be cut back by a token (a sliding window that may
+# wrap, SSM state) never yield: their job rows finish where they are
+FAMILIES = [("tiny-llama", None, True), ("tiny-llama", 8, True), ("tiny-qwen3-think", None, True),
+            ("tiny-gemma3", None, False), ("tiny-gpt-oss", None, False), ("tiny-qwen3.5", None, False),
+            ("tiny-falcon-h1", None, False)]
+
+
+@pytest.mark.parametrize("model,kv_bits,yields_expected", FAMILIES)
+def test_a_yielded_row_resumes_token_for_token(model, kv_bits, yields_expected):
+    alone, none, _ = run(model, interrupt=False, kv_bits=kv_bits)
+    interrupted, yields, can_yield = run(model, interrupt=True, kv_bits=kv_bits)
+    assert not none
+    assert can_yield == yields_expected
+    if can_yield:  # an interactive request arriving at a full batch of job rows makes them yield
+        assert sum(len(e["requests"]) for e in yields) >= 5
+    else:
+        assert not yields
+    assert interrupted == alone
+
+
+def test_interactive_rows_go_ahead_of_queued_job_rows_and_jobs_keep_their_share():
+    with Engine("tiny-llama", max_batch=4, job_rows_under_load=1, wait=True) as eng:
+        rows = job_rows(eng, 24, max_tokens=24)
+        wait_for(lambda: decoding(eng) == 4)
+        since = eng.events()[-1]["seq"]
+        chat = eng.submit(messages=[{"role": "user", "content": "an interactive question"}], max_tokens=40,
+                          temperature=0.0)
+        assert chat.result().finish_reason in ("stop", "length")
+        events = eng.events(since)
+        job_ids = {h.id for h in rows}
+        steps = [e for e in events if e["kind"] == "step" and chat.id in e["requests"]]
+        assert steps
+        # once the chat decodes, at most one job row (its share) decodes beside it; the first step may
+        # still carry rows that yield after it
+        crowded = [e for e in steps[1:] if len(set(e["requests"]) & job_ids) > 1]
+        assert not crowded, crowded[:2]
+        assert any(set(e["requests"]) & job_ids for e in steps), "the job keeps its minimum share"
+        for h in rows:
+            assert h.result().finish_reason in ("stop", "length")
+
+
+def test_a_job_completes_rows_while_eight_interactive_streams_run():
+    with Engine("tiny-llama", max_batch=8, job_rows_under_load=2, wait=True) as eng:
+        stop = threading.Event()
+        finished = []
+
+        def chatter(k):
+            while not stop.is_set():
+                eng.submit(messages=[{"role": "user", "content": f"stream {k}"}], max_tokens=48,
+                           temperature=0.0).result()
+
+        threads = [threading.Thread(target=chatter, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            wait_for(lambda: decoding(eng) >= 6)
+            rows = job_rows(eng, 6, max_tokens=8)
+            for h in rows:
+                finished.append(h.result(120).finish_reason)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        assert finished == ["length" if f == "length" else "stop" for f in finished] and len(finished) == 6
+
+
+def test_jobs_take_turns_and_a_waiting_row_can_be_aborted():
+    with Engine("tiny-llama", max_batch=2, wait=True) as eng:
+        first = job_rows(eng, 8, job="a", max_tokens=6)
+        second = job_rows(eng, 8, job="b", max_tokens=6, offset=100)
+        eng.abort(first[-1].id)
+        assert first[-1].result(30).finish_reason == "abort"
+        for h in first[:-1] + second:
+            h.result(60)
+        inserts = [e["detail"].get("job") for e in eng.events() if e["kind"] == "insert"]
+        # job b's rows start long before job a's have all run: round robin, not first come first served
+        assert "b" in inserts[: inserts.index("a", 4) + 4]
+        last_a = max(i for i, j in enumerate(inserts) if j == "a")
+        first_b = inserts.index("b")
+        assert first_b < last_a
+
+
+def test_job_rows_are_not_counted_as_a_burst_nor_in_the_interactive_latency():
+    with Engine("tiny-llama", max_batch=8, wait=True) as eng:
+        for h in job_rows(eng, 4, max_tokens=4):
+            h.result()
+        latency = eng.status()["latency"]["time_to_first_token_s"]
+        assert latency["count"] == 0
+        eng.generate(messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert eng.status()["latency"]["time_to_first_token_s"]["count"] == 1
+
+
+def test_a_bad_share_setting_is_refused():
+    with pytest.raises(ValueError, match="job_rows_under_load"):
+        Engine("tiny-llama", job_rows_under_load=-1)
