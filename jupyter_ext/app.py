@@ -447,4 +447,17 @@ class MLXExtension(ExtensionApp):
             self.kernel_port.stop()
 
 
-main = launch_instance = MLXExtension.launch_instance
+launch_instance = MLXExtension.launch_instance
+
+
+def main(argv=None):
+    """`jupyter mlx [options]` serves; `jupyter mlx batch -i IN.jsonl -o OUT.jsonl` runs a batch file
+    offline (jupyter_ext/batch_cli.py)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["batch"]:
+        from jupyter_ext.batch_cli import BatchApp
+
+        return BatchApp.launch_instance(args[1:])
+    return launch_instance(args)

@@ -39,6 +39,7 @@ def _bar(job) -> Callable:
         if bar is None:
             bar = tqdm(total=p.get("total") or 0, desc=f"job {job.id[-8:]}", unit="row", file=sys.stderr,
                        dynamic_ncols=True)
+        bar.total = p.get("total") or bar.total
         bar.n = p.get("done") or 0
         bar.set_postfix_str(f"{p.get('errors', 0)} errors, {p.get('tokens_per_s', 0):.0f} tok/s", refresh=False)
         bar.refresh()

@@ -30,9 +30,10 @@ def endpoint_of(url: Any) -> Optional[str]:
     return path if path in ENDPOINTS else None
 
 
-def parse_input(data: bytes, endpoint: str) -> list[dict]:
+def parse_input(data: bytes, endpoint: Optional[str]) -> list[dict]:
     """The input file's lines as job rows: `{"row", "custom_id", "url", "body"}`, or for a line that
-    cannot run `{"row", "custom_id", "error": {"code", "message"}}` (its line number in the message)."""
+    cannot run `{"row", "custom_id", "error": {"code", "message"}}` (its line number in the message).
+    `endpoint` None lets each line name its own (as `jupyter mlx batch` does)."""
     rows: list[dict] = []
     seen: dict[str, list[int]] = {}
     for number, raw in enumerate(data.splitlines(), 1):
@@ -61,7 +62,7 @@ def parse_input(data: bytes, endpoint: str) -> list[dict]:
             row["error"] = _error("invalid_url", f"line {number}: url {line.get('url')!r} is not an endpoint a batch "
                                   f"can run (one of {', '.join(ENDPOINTS)})")
             continue
-        if url != endpoint:
+        if endpoint is not None and url != endpoint:
             row["error"] = _error("mismatched_url", f"line {number}: url {url} differs from the batch's endpoint "
                                   f"{endpoint}: one batch runs one endpoint")
             continue

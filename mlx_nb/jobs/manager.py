@@ -150,6 +150,7 @@ class JobManager:
             if not lock.acquire():
                 return False
             run = self.runs[job_id] = JobRun(folder, self.target, self.source, store=self.store)
+            run.progress.total = (_read(folder).get("request_counts") or {}).get("total", 0)
             done = self._done[job_id] = Future()
         loop = self._ensure_loop()
 

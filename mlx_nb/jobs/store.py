@@ -49,10 +49,16 @@ def new_id(prefix: str) -> str:
 
 def write_json_atomically(path: Path, value: Any) -> None:
     """Readers (and a process killed mid-write) see the old content or the new, never half of one."""
+    write_bytes_atomically(path, json.dumps(value, ensure_ascii=False).encode())
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """`path` holds `data` whole or keeps what it held: a temporary file, fsync, rename."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(value, f, ensure_ascii=False)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -225,13 +231,7 @@ class Store:
         meta = {"id": new_id("file"), "object": "file", "bytes": len(data), "created_at": int(time.time()),
                 "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
                 "status_details": None}
-        body = self.files_dir / meta["id"]
-        tmp = body.with_name(f".{body.name}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, body)
+        write_bytes_atomically(self.files_dir / meta["id"], data)
         write_json_atomically(self.files_dir / f"{meta['id']}.json", meta)
         return meta
 

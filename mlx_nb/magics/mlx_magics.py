@@ -24,7 +24,9 @@ from mlx_nb.magics.tables import cache_table, models_table, prefix_table, status
 
 NO_QUESTION = ("no question: write it on the lines below `%%mlx chat` (options go on that line: "
                "-s SYSTEM, -n MAX_TOKENS, -t TEMPERATURE, -i IMAGE, --new; %mlx help lists them)")
-SUBCOMMANDS = ["chat", "load", "unload", "models", "status", "cache", "batch", "connect", "disconnect", "reset", "help"]
+SUBCOMMANDS = ["chat", "map", "jobs", "load", "unload", "models", "status", "cache", "batch", "connect", "disconnect",
+               "reset", "help"]
+CELL_SUBCOMMANDS = ("chat", "map")  # the others are line magics
 
 
 def _is_terminal(shell) -> bool:
@@ -109,9 +111,9 @@ class MlxMagics(Magics):
             sub, rest = "chat", line
         if sub not in SUBCOMMANDS:
             raise UsageError(f"unknown subcommand {sub!r}: one of {', '.join(SUBCOMMANDS)} (%mlx help)")
-        if cell is not None and not cell.strip() and sub != "chat":
+        if cell is not None and not cell.strip() and sub not in CELL_SUBCOMMANDS:
             cell = None  # `%%mlx status` with nothing below: the line magic was meant
-        if cell is not None and sub != "chat":
+        if cell is not None and sub not in CELL_SUBCOMMANDS:
             raise UsageError(f"%%mlx {sub} takes no cell body: use %mlx {sub}, or %%mlx chat for a question")
         return getattr(self, f"_sub_{sub}")(rest, cell)
 
@@ -165,6 +167,56 @@ class MlxMagics(Magics):
         if reply is not None and reply.finish_reason != "abort":
             self.conversation.add(prompt, text)
         return ChatAnswer(text, reply, self.shell.execution_count)
+
+    # -- jobs ---------------------------------------------------------------------------------
+    @magic_arguments(name="mlx map")
+    @argument("data", help="the variable holding the rows: a DataFrame, a Series, or a list of strings or dicts")
+    @argument("--out", default=None, metavar="NAME", help="keep the result in this variable (else: the cell's value)")
+    @argument("-s", "--system", default=None, help="system prompt for every row")
+    @argument("-n", "--max-tokens", type=int, default=256, help="answer length limit per row (default 256)")
+    @argument("-t", "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    @argument("--model", default=None, help="model for this map")
+    @argument("--json-schema", default=None, metavar="NAME",
+              help="hold each answer to a schema: a variable holding a schema dict, a pydantic model or a dataclass")
+    def _sub_map(self, line: str, cell: Optional[str]):
+        """The cell body, a prompt template naming the rows' fields (`{text}`), over every row of DATA as a
+        job (Client.map): a progress widget while it runs, the answers aligned with the rows after."""
+        args = _parse(self._sub_map, line)
+        if cell is None or not cell.strip():
+            raise UsageError("write the prompt template in the cell below `%%mlx map DATA`, naming the rows' "
+                             "fields: Classify: {text}")
+        ns = self.shell.user_ns
+        if args.data not in ns:
+            raise UsageError(f"no variable {args.data!r} in this notebook: give the name of the table to map over")
+        schema = None
+        if args.json_schema is not None:
+            if args.json_schema not in ns:
+                raise UsageError(f"--json-schema {args.json_schema}: no variable {args.json_schema!r} in this "
+                                 "notebook: define the schema first")
+            schema = ns[args.json_schema]
+        result = self.client.map(ns[args.data], cell.strip(), system=args.system, model=args.model, schema=schema,
+                                 max_tokens=args.max_tokens, temperature=args.temperature)
+        if args.out:
+            ns[args.out] = result
+            failed = int(result["error"].notna().sum()) if hasattr(result, "columns") else len(result.errors)
+            self._say(f"{len(result)} rows -> {args.out} ({failed} with an error)")
+            return None
+        return result
+
+    @magic_arguments(name="mlx jobs")
+    def _sub_jobs(self, line: str, cell=None):
+        """The jobs the engine keeps: id, status, rows done of total, errors (newest first)."""
+        _parse(self._sub_jobs, line)
+        jobs = self.client.jobs()
+        if not jobs:
+            self._say("no jobs")
+            return None
+        for job in jobs:
+            counts = job.get("request_counts") or {}
+            done = counts.get("completed", 0) + counts.get("failed", 0)
+            print(f"{job['id']}  {job.get('status', '?'):<11} {done}/{counts.get('total', 0)} rows, "
+                  f"{counts.get('failed', 0)} errors  {(job.get('metadata') or {}).get('mlx_kind', 'batch')}")
+        return None
 
     def _schema(self, name: Optional[str]) -> Any:
         """The schema `--json-schema NAME` names: a dict or a pydantic model class in the notebook."""
@@ -304,7 +356,7 @@ class MlxMagics(Magics):
             fn = getattr(self, f"_sub_{sub}")
             usage = " ".join(fn.parser.format_usage().split()).replace("usage: ", "").lstrip(": ")
             summary = (fn.parser.description or "").strip().splitlines()[0]
-            lines += [f"  {'%' + usage if sub == 'chat' else usage}", f"      {summary}"]
+            lines += [f"  {'%' + usage if sub in CELL_SUBCOMMANDS else usage}", f"      {summary}"]
         print("\n".join(lines))
 
     def _show(self, obj) -> None:

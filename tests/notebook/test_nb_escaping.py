@@ -13,7 +13,7 @@ import mistune
 import pytest
 from forcing import ForcedEngine
 from hostile_text import PAYLOADS, audit_html, hostile_corpus
-from IPython.utils.capture import capture_output
+from ipython_shell import run_cell
 from markdown_it import MarkdownIt
 
 from mlx_nb.safe_markdown import markdown_bundle, safe_markdown
@@ -203,11 +203,7 @@ def shell(tmp_path_factory, forced, monkeypatch):
     return ip
 
 
-def _run(ip, source):
-    with capture_output() as cap:
-        result = ip.run_cell(source, store_history=True)
-    assert result.error_in_exec is None and result.error_before_exec is None
-    return result.result, cap
+_run = run_cell
 
 
 def _assert_escaped(data: dict) -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from IPython.utils.capture import capture_output
-from ipython_shell import mlx_shell
+from ipython_shell import mlx_shell, run_cell
 
 from mlx_nb.magics import ChatAnswer, Conversation, interpolate
 from mlx_nb.safe_markdown import safe_markdown
@@ -31,11 +31,7 @@ def magics(ip, monkeypatch):
     m.conversation.clear()
 
 
-def run(ip, source):
-    with capture_output() as cap:
-        result = ip.run_cell(source, store_history=True)
-    assert result.error_in_exec is None and result.error_before_exec is None
-    return result.result, cap
+run = run_cell
 
 
 def one_error_line(cap) -> str:

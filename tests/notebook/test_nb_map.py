@@ -16,6 +16,8 @@ import pandas as pd
 import pytest
 from pydantic import BaseModel
 
+from ipython_shell import run_cell
+
 import mlx_nb.client.jobs as client_jobs
 from mlx_nb import Client, Engine
 
@@ -134,3 +136,53 @@ def test_a_killed_kernels_map_resumes_every_row_once(tmp_path):
         text[row["row"]] = row["response"]["body"]["choices"][0]["message"]["content"]
     for row in rows:
         assert row["response"]["body"]["choices"][0]["message"]["content"] == text[row["row"]]
+
+
+@pytest.fixture
+def ip(home, tmp_path_factory):
+    from IPython.utils.capture import capture_output
+    from ipython_shell import mlx_shell
+
+    shell = mlx_shell(tmp_path_factory.mktemp("ipython"))
+    with capture_output():
+        shell.run_line_magic("mlx", "load tiny-llama")
+    return shell
+
+
+def test_the_map_cell_magic_fills_a_variable_and_jobs_lists_it(ip):
+    ip.user_ns["frame"] = pd.DataFrame({"text": ["red", "green", "blue"], "k": [1, 2, 3]})
+    ip.user_ns["Verdict"] = Verdict
+    value, cap = run_cell(ip, "%%mlx map frame --out verdicts --json-schema Verdict -n 16\nIs {text} ({k}) fine?")
+    assert value is None and "3 rows -> verdicts (0 with an error)" in cap.stdout, cap.stderr
+    out = ip.user_ns["verdicts"]
+    assert list(out["ok"].map(type)) == [bool, bool, bool] and out["text"].tolist() == ["red", "green", "blue"]
+    value, cap = run_cell(ip, "%%mlx map frame -n 4\nSay {text}")
+    assert value is not None and list(value.columns)[:3] == ["text", "k", "answer"]
+    _, cap = run_cell(ip, "%mlx jobs")
+    assert cap.stdout.count("completed") == 2 and "3/3 rows" in cap.stdout
+    _, cap = run_cell(ip, "%%mlx map nowhere\nSay {text}")
+    assert cap.stderr.strip() == "mlx: no variable 'nowhere' in this notebook: give the name of the table to map over"
+    _, cap = run_cell(ip, "%%mlx map frame\nSay {missing}")
+    assert "no field 'missing'" in cap.stderr and "Traceback" not in cap.stderr
+    _, cap = run_cell(ip, "%mlx help")
+    assert "%mlx map" in cap.stdout and "mlx jobs" in cap.stdout
+
+
+def test_progress_outside_jupyter_is_a_bar_and_a_callable_hears_every_update(home, engine, capsys):
+    client = Client(engine=engine)
+    seen = []
+    client.map(["a", "b", "c", "d"], "Say {text}", max_tokens=4, progress=seen.append)
+    assert seen[-1]["status"] == "completed" and seen[-1]["done"] == 4 and seen[-1]["total"] == 4
+    client.map(["e", "f"], "Say {text}", max_tokens=4)
+    assert "2/2" in capsys.readouterr().err  # tqdm's bar on stderr
+
+
+def test_the_job_picture_escapes_what_it_shows():
+    from mlx_nb.pictures.job import job_svg, summary
+
+    p = {"total": 10, "done": 4, "errors": 1, "tokens_per_s": 120.0, "rows_per_s": 2.0, "eta_s": 3.0,
+         "timeline": [(0.0, 0, 0), (1.0, 2, 50), (2.0, 4, 120)]}
+    svg = job_svg(p, "in_progress", "job <script>alert(1)</script>")
+    assert "<script>" not in svg and "&lt;script&gt;" in svg
+    assert "4/10 rows · 1 errors · 120 tok/s · 2.0 rows/s · ETA 3 s · in_progress" == summary(p, "in_progress")
+    assert "<polyline" in svg
