@@ -86,6 +86,12 @@ class EngineCollector:
         yield gauge("mlx_batch_size", "Requests decoding in the batch now", status.get("batch_size", 0))
         yield gauge("mlx_queue_length", "Requests waiting to start", status.get("queue_length", 0))
         yield gauge("mlx_prefilling", "Requests whose prompt is being read", status.get("prefilling", 0))
+        lane = status.get("background") or {}  # dataset jobs' rows (engine/background.py)
+        yield counter("mlx_job_rows", "Dataset job rows finished", lane.get("rows_done", 0))
+        yield counter("mlx_job_rows_yielded", "Times a job row left the batch for interactive requests",
+                      lane.get("yielded", 0))
+        yield gauge("mlx_job_rows_waiting", "Dataset job rows waiting for a batch slot", lane.get("waiting", 0))
+        yield gauge("mlx_job_rows_in_batch", "Dataset job rows in the batch now", lane.get("in_batch", 0))
         for key, name, doc in (("time_to_first_token_s", "mlx_time_to_first_token_seconds",
                                 "Seconds from a request's submission to its first token"),
                                ("inter_token_latency_s", "mlx_inter_token_latency_seconds",

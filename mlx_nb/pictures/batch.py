@@ -8,6 +8,8 @@ running batch) and leave (filtered out, coloured by why). Under the lanes, the b
 time. Text and lines are drawn in `currentColor` (see `theme`), so dark themes read too. A lane of
 a request with a LoRA adapter says which. A server with several models loaded has one batch per
 model: `build_models_batch_svg` draws their timelines one under the other, each titled with its model.
+A dataset job's row (a background row) decodes in grey, not blue, and the stretches it spent out of
+the batch, having yielded its slot to interactive requests, are drawn as waiting.
 
 The picture is drawn for a given width: from 600 px up, names sit in a column left of the lanes;
 narrower (a 320-px sidebar), each name sits above its lane's bars and the legend wraps, so text
@@ -33,6 +35,7 @@ from mlx_nb.pictures.theme import (
 
 REASON_COLORS = {"stop": "#2e7d32", "length": "#ef6c00", "abort": "#9e9e9e", "error": "#c62828"}
 DECODE_COLOR = "#64b5f6"
+JOB_COLOR = "#90a4ae"  # a dataset job's rows decode in the background lane (engine/background.py)
 JOIN_COLOR = "#1565c0"
 LINE_COLOR = "#ab47bc"
 WAIT_OPACITY = ".28"  # waiting is the theme's font colour, faint: grey on light and dark alike
@@ -71,16 +74,23 @@ def lanes_from_events(events: list[dict]) -> tuple[list[dict], list[tuple[float,
     def lane(rid: str, t: float) -> dict:
         if rid not in lanes:  # first seen mid-flight (the log started after its insert)
             lanes[rid] = {"id": rid, "insert": None, "join": None, "leave": None, "reason": None, "first": t,
-                          "source": None, "label": None, "prompt_tokens": None, "tokens": 0, "adapter": None}
+                          "source": None, "label": None, "prompt_tokens": None, "tokens": 0, "adapter": None,
+                          "job": None, "yields": []}
         return lanes[rid]
 
     for ev in sorted(events, key=lambda e: e.get("seq", 0)):
         kind, t, detail = ev.get("kind"), float(ev.get("time") or 0.0), ev.get("detail") or {}
         for rid in ev.get("requests") or []:
             ln = lane(rid, t)
-            if kind == "insert":
+            if kind == "insert" and detail.get("resumed"):  # a job row back from yielding its slot
+                if ln["yields"] and ln["yields"][-1][1] is None:
+                    ln["yields"][-1][1] = t
+            elif kind == "insert":
                 ln.update(insert=t, source=detail.get("source"), label=detail.get("label"),
-                          prompt_tokens=detail.get("prompt_tokens"), adapter=detail.get("adapter"))
+                          prompt_tokens=detail.get("prompt_tokens"), adapter=detail.get("adapter"),
+                          job=detail.get("job"))
+            elif kind == "filter" and detail.get("reason") == "yield":
+                ln["yields"].append([t, None])
             elif kind == "extend":
                 ln["join"] = t
             elif kind in ("filter", "error"):
@@ -115,6 +125,9 @@ def lane_title(ln: dict, now: float) -> str:
         lines.append(f"from {ln['source']}")
     if ln.get("adapter"):
         lines.append(f"with the LoRA adapter {ln['adapter']}")
+    if ln.get("job"):
+        yielded = len(ln.get("yields") or [])
+        lines.append(f"a row of job {ln['job']} (background)" + (f", yielded its slot {yielded}x" if yielded else ""))
     if ln["label"]:
         lines.append(f"prompt: {ln['label']}" + (f" ({ln['prompt_tokens']} tokens)" if ln["prompt_tokens"] else ""))
     start = ln["insert"] if ln["insert"] is not None else ln["first"]
@@ -133,6 +146,7 @@ def _legend(y: float, layout: Layout) -> tuple[str, float]:
         ('<rect x="{x}" y="4" width="10" height="8" fill="currentColor" opacity="%s"/>' % WAIT_OPACITY, "waiting"),
         ('<path d="M1,3 L9,8 L1,13 Z" fill="%s" transform="translate({x},0)"/>' % JOIN_COLOR, "join (extend)"),
         ('<rect x="{x}" y="4" width="10" height="8" fill="%s"/>' % DECODE_COLOR, "decoding"),
+        ('<rect x="{x}" y="4" width="10" height="8" fill="%s"/>' % JOB_COLOR, "job row decoding"),
         *[(square % c, f"leave: {r}") for r, c in REASON_COLORS.items()],
         ('<line x1="0" y1="8" x2="10" y2="8" stroke="%s" stroke-width="2" transform="translate({x},0)"/>' % LINE_COLOR,
          "batch size"),
@@ -215,7 +229,8 @@ def _lane(ln: dict, y: float, x, now: float, layout: Layout) -> str:
     cy = by + BAR_H / 2
     rid = escape(ln["id"])
     first, second = _name(ln, layout)
-    out = [f'<g class="lane" data-request="{rid}"><title>{escape(lane_title(ln, now))}</title>',
+    kind = "lane job" if ln.get("job") else "lane"
+    out = [f'<g class="{kind}" data-request="{rid}"><title>{escape(lane_title(ln, now))}</title>',
            f'<rect x="0" y="{y}" width="{layout.width}" height="{layout.lane_h}" fill="currentColor" opacity="0"/>']
     if layout.narrow:
         out.append(f'<text x="8" y="{y + 10}" font-size="10" fill="currentColor">{escape(first)}'
@@ -235,7 +250,13 @@ def _lane(ln: dict, y: float, x, now: float, layout: Layout) -> str:
     if join is not None:
         jx = x(join)
         out.append(f'<rect class="decode" x="{jx:.1f}" y="{by + 5}" width="{max(1.0, x(leave) - jx):.1f}" '
-                   f'height="{BAR_H - 10}" fill="{DECODE_COLOR}"/>')
+                   f'height="{BAR_H - 10}" fill="{JOB_COLOR if ln.get("job") else DECODE_COLOR}"/>')
+        for gone, back in ln.get("yields") or []:  # out of the batch: drawn as waiting over the decode bar
+            end = back if back is not None else leave
+            out.append(f'<rect class="yielded" x="{x(gone):.1f}" y="{by + 5}" '
+                       f'width="{max(1.0, x(end) - x(gone)):.1f}" height="{BAR_H - 10}" style="fill:{BACKGROUND}"/>'
+                       f'<rect class="wait" x="{x(gone):.1f}" y="{by + 7}" width="{max(1.0, x(end) - x(gone)):.1f}" '
+                       f'height="{BAR_H - 14}" fill="currentColor" opacity="{WAIT_OPACITY}"/>')
         out.append(f'<path class="mark join" d="M{jx - 4:.1f},{cy - 5:.1f} L{jx + 4:.1f},{cy:.1f} '
                    f'L{jx - 4:.1f},{cy + 5:.1f} Z" fill="{JOIN_COLOR}"/>')
     if ln["insert"] is not None:

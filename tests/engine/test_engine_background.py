@@ -147,3 +147,28 @@ def test_job_rows_are_not_counted_as_a_burst_nor_in_the_interactive_latency():
 def test_a_bad_share_setting_is_refused():
     with pytest.raises(ValueError, match="job_rows_under_load"):
         Engine("tiny-llama", job_rows_under_load=-1)
+
+
+def test_the_batch_timeline_marks_job_rows_and_their_yields():
+    import re
+
+    from mlx_nb.pictures.batch import build_batch_svg, lanes_from_events
+
+    with Engine("tiny-llama", max_batch=4, job_rows_under_load=1, wait=True) as eng:
+        rows = job_rows(eng, 4, max_tokens=32)
+        wait_for(lambda: decoding(eng) == 4)
+        chat = eng.submit(messages=[{"role": "user", "content": "hi <b>there</b>"}], max_tokens=16, temperature=0.0)
+        chat.result()
+        for h in rows:
+            h.result()
+        events = eng.events()
+    lanes, _ = lanes_from_events(events)
+    by_id = {ln["id"]: ln for ln in lanes}
+    assert by_id[chat.id]["job"] is None and not by_id[chat.id]["yields"]
+    yielded = [by_id[h.id] for h in rows if by_id[h.id]["yields"]]
+    assert len(yielded) == 3 and all(ln["job"] == "j1" for ln in yielded)
+    assert all(back is not None and back >= gone for ln in yielded for gone, back in ln["yields"])
+    svg = build_batch_svg(events, max_lanes=10)
+    assert len(re.findall(r'<g class="lane job"', svg)) == 4 and len(re.findall(r'<g class="lane"', svg)) == 1
+    assert svg.count('class="yielded"') == 3 and "job row decoding" in svg
+    assert "<b>there" not in svg  # the prompt's words are escaped

@@ -172,3 +172,22 @@ def test_routes_need_the_key(server):
     with httpx.Client(trust_env=False) as anon:
         assert anon.get(f"{server.url}/batches").status_code == 401
         assert anon.get(f"{server.url}/files").status_code == 401
+
+
+def test_metrics_count_the_job_rows(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict:
+        text = server.http.get(f"{server.url}/metrics").text
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    before = scrape()
+    client = sdk(server)
+    upload = client.files.create(file=("m.jsonl", "\n".join(request_line(i) for i in range(12)).encode()),
+                                 purpose="batch")
+    done = wait_done(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                                   completion_window="24h").id)
+    assert done.request_counts.completed == 12
+    after = scrape()
+    assert after["mlx_job_rows_total"] - before.get("mlx_job_rows_total", 0) == 12
+    assert after["mlx_job_rows_waiting"] == 0 and after["mlx_job_rows_in_batch"] == 0
