@@ -317,13 +317,16 @@ class MLXExtension(ExtensionApp):
         from mlx_nb.jobs.store import Store
 
         def engine_for(model: Optional[str]):
-            if self.backend_url:
-                raise LookupError("this server relays a backend: batches run on a local engine only")
             if self.registered(model):
                 return self.registry.engine_for(model), model
             return self.start_engine(), self.model
 
-        target = LocalTarget(engine_for, self.server_defaults)
+        if self.backend_url:  # the rows go to the backend, as this server's chat requests do
+            from jupyter_ext.remote import RemoteTarget
+
+            target = RemoteTarget(self.backend_url, self.backend_api_key, self.backend_model, self.server_defaults)
+        else:
+            target = LocalTarget(engine_for, self.server_defaults)
         store = Store(self.jobs_dir or None, disk_bytes=self.jobs_disk_bytes, ttl_s=self.job_ttl_s)
         return JobManager(store, target, source="job: batch")
 

@@ -223,3 +223,22 @@ async def backend_error(resp: httpx.Response, url: str) -> APIError:
     status = resp.status_code if resp.status_code < 500 else 502
     return APIError(status, f"the backend at {url} answered {resp.status_code}: {message}",
                     "invalid_request_error" if status < 500 else "server_error")
+
+
+class RemoteTarget:
+    """Where a job's rows go when this server fronts a backend (mlx_nb/jobs/rows.py's Target): a
+    RemoteEngine of the jobs' own event loop (an httpx client belongs to the loop it was made on),
+    each row a chat or completion request to the backend, as a relayed Anthropic request is."""
+
+    def __init__(self, url: str, api_key: str, model: str, defaults):
+        self.args = (url, api_key, model)
+        self.defaults = defaults
+        self.remote: Optional[RemoteEngine] = None
+
+    async def open(self, model: Optional[str]):
+        if self.remote is None:
+            self.remote = RemoteEngine(*self.args)
+        return self.remote, await self.remote.serving(self.defaults())
+
+    async def submit(self, engine: RemoteEngine, requests: list) -> list:
+        return [await engine.submit(req) for req in requests]

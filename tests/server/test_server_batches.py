@@ -191,3 +191,37 @@ def test_metrics_count_the_job_rows(server):
     after = scrape()
     assert after["mlx_job_rows_total"] - before.get("mlx_job_rows_total", 0) == 12
     assert after["mlx_job_rows_waiting"] == 0 and after["mlx_job_rows_in_batch"] == 0
+
+
+def test_client_map_runs_in_the_server_and_another_client_finds_the_job(server):
+    import pandas as pd
+
+    from mlx_nb import Client
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    frame = pd.DataFrame({"text": ["a", "b", "c", "d", "e"]})
+    client = Client(server.url, api_key=server.key)
+    out = client.map(frame, "Is {text} fine?", schema=schema, max_tokens=16, progress=False)
+    assert out["error"].isna().all() and out["ok"].map(type).tolist() == [bool] * 5
+    (job,) = [j for j in client.jobs() if (j.get("metadata") or {}).get("mlx_kind") == "map"]
+    assert job["request_counts"]["completed"] == 5
+    # another notebook (another Client) opens it by id; the same map asked again finds it
+    other = Client(server.url, api_key=server.key)
+    again = other.job(job["id"], inputs=frame, schema=schema).result()
+    assert again["ok"].tolist() == out["ok"].tolist()
+    assert other.map(frame, "Is {text} fine?", schema=schema, max_tokens=16, progress=False)["ok"].tolist() == \
+        out["ok"].tolist()
+    assert len([j for j in other.jobs() if (j.get("metadata") or {}).get("mlx_kind") == "map"]) == 1
+
+
+def test_a_server_fronting_a_backend_runs_its_jobs_there(server, tmp_path):
+    from mlx_nb import Client
+
+    (tmp_path / "front").mkdir()
+    with serving(tmp_path / "front", MODEL, f"--MLXExtension.backend_url={server.url}",
+                 f"--MLXExtension.backend_api_key={server.key}", f"--MLXExtension.jobs_dir={tmp_path / 'jobs'}") as front:
+        before = server.get("status")["generated_tokens"]
+        result = Client(front.url, api_key=front.key).map(["x", "y", "z"], "Say {text}", max_tokens=6,
+                                                         progress=False)
+        assert len(result) == 3 and not result.errors and all(isinstance(r, str) for r in result)
+        assert server.get("status")["generated_tokens"] > before  # the backend did the work
