@@ -38,6 +38,9 @@ class StoreFull(RuntimeError):
 
 
 def data_home() -> Path:
+    """Where jobs and files live: $MLX_NB_JOBS_DIR, else the data home ($MLX_NB_HOME)."""
+    if os.environ.get("MLX_NB_JOBS_DIR"):
+        return Path(os.environ["MLX_NB_JOBS_DIR"]).expanduser()
     from mlx_nb.models.sources import home
 
     return home()

@@ -52,14 +52,15 @@ def job_svg(progress: dict, status: str = "", title: str = "job") -> str:
             top = max(r for _t, r in rates) or 1.0
             span = max(timeline[-1][0], 1e-6)
             pts = " ".join(f"{10 + bar_w * t / span:.1f},{HEIGHT - 10 - 50 * r / top:.1f}" for t, r in rates)
-            plot = (f'<polyline points="{pts}" fill="none" stroke="{BAR}" stroke-width="1.5"/>'
-                    f'<text x="10" y="{HEIGHT - 64}" font-size="10" fill="{MUTED}">tokens/s (peak {top:.0f})</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+            plot = (f'<g class="throughput"><polyline points="{pts}" fill="none" stroke="{BAR}" stroke-width="1.5"/>'
+                    f'<text x="10" y="{HEIGHT - 64}" font-size="10" fill="{MUTED}">tokens/s (peak {top:.0f})</text>'
+                    '</g>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="mlx-job" width="{WIDTH}" height="{HEIGHT}" '
             f'style="color:{FONT};background:{BACKGROUND};font-family:sans-serif">'
             f'<text x="10" y="16" font-size="12" font-weight="bold" fill="currentColor">{escape(title)}</text>'
-            f'<rect x="10" y="24" width="{bar_w}" height="12" rx="3" fill="none" stroke="currentColor" '
+            f'<g class="bar"><rect x="10" y="24" width="{bar_w}" height="12" rx="3" fill="none" stroke="currentColor" '
             f'stroke-opacity=".3"/>'
             f'<rect x="10" y="24" width="{bar_w * frac:.1f}" height="12" rx="3" fill="{BAR}"/>'
-            f'<rect x="10" y="24" width="{bar_w * err_frac:.1f}" height="12" rx="3" fill="{ERR}"/>'
+            f'<rect x="10" y="24" width="{bar_w * err_frac:.1f}" height="12" rx="3" fill="{ERR}"/></g>'
             f'<text x="10" y="50" font-size="11" fill="currentColor">{escape(summary(progress, status))}</text>'
             f'{plot}</svg>')

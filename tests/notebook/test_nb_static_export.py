@@ -58,6 +58,7 @@ def test_an_executed_notebook_exports_its_pictures(tmp_path):
 @pytest.mark.parametrize("name, kind, groups", [
     ("02-concurrent-chats", "mlx-batch", {"lane", "legend"}),
     ("03-hybrid-caches", "mlx-cache", {"grid", "layer", "legend"}),
+    ("07-dataset-jobs", "mlx-job", {"bar"}),
 ])
 def test_saved_tutorials_export_their_pictures(name, kind, groups):
     found = [p for p in pictures(nbformat.read(NOTEBOOKS / f"{name}.ipynb", 4)) if p["class"] == kind]
