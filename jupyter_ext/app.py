@@ -317,9 +317,18 @@ class MLXExtension(ExtensionApp):
         from mlx_nb.jobs.store import Store
 
         def engine_for(model: Optional[str]):
-            if self.registered(model):
-                return self.registry.engine_for(model), model
-            return self.start_engine(), self.model
+            from mlx_nb.engine.registry import split_adapter
+
+            base, adapter = split_adapter(model)
+            engine = self.registry.engine_for(base) if self.registered(base) else self.start_engine()
+            if adapter is None:
+                return engine, base if self.registered(base) else self.model
+            if adapter not in self.registry.adapters:  # the row's error, as the chat route's 404 says
+                raise LookupError(f"no adapter {adapter!r} is registered (MLXExtension.adapters): "
+                                  f"{', '.join(self.registry.adapters) or 'none'}")
+            engine.wait_ready()
+            self.registry.adapter_on(engine, adapter)
+            return engine, model, adapter
 
         if self.backend_url:  # the rows go to the backend, as this server's chat requests do
             from jupyter_ext.remote import RemoteTarget

@@ -238,7 +238,7 @@ class RemoteTarget:
     async def open(self, model: Optional[str]):
         if self.remote is None:
             self.remote = RemoteEngine(*self.args)
-        return self.remote, await self.remote.serving(self.defaults())
+        return self.remote, await self.remote.serving(self.defaults()), None
 
     async def submit(self, engine: RemoteEngine, requests: list) -> list:
         return [await engine.submit(req) for req in requests]

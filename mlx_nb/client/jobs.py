@@ -38,6 +38,9 @@ def embedded_manager(fixed=None):
             from mlx_nb.models.sources import DEFAULT_MODEL
 
             def engine_for(model: Optional[str]):
+                if model and "@" in model:
+                    raise LookupError(f"{model}: a LoRA adapter is served in jobs by a server (MLXExtension."
+                                      "adapters); here, map with the base model or run the job on the server")
                 if fixed is not None:
                     if model not in (None, fixed.model_name):
                         raise LookupError(f"this job's engine serves {fixed.model_name}, not {model}")

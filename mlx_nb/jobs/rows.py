@@ -29,8 +29,9 @@ class Interrupted(RuntimeError):
 
 
 class LocalTarget:
-    """Engines in this process. `engine_for(model)` -> (engine, the name it serves under) and may load
-    it; `defaults_for(engine)` -> the ServerDefaults its routes use."""
+    """Engines in this process. `engine_for(model)` -> (engine, the name it serves under[, the LoRA
+    adapter loaded on it that the rows decode with]) and may load them; `defaults_for(engine)` -> the
+    ServerDefaults its routes use."""
 
     def __init__(self, engine_for: Callable[[Optional[str]], tuple[Any, str]],
                  defaults_for: Optional[Callable[[Any], Any]] = None):
@@ -38,19 +39,21 @@ class LocalTarget:
         self.defaults_for = defaults_for
 
     async def open(self, model: Optional[str]):
-        """(engine, Serving) for a row's model, once its engine is ready; ModelLoadFailure if it cannot load."""
+        """(engine, Serving, adapter or None) for a row's model, once its engine is ready;
+        ModelLoadFailure if it cannot load."""
         from mlx_nb.api import ServerDefaults
         from mlx_nb.api.routes import serving_for
 
         try:
-            engine, name = await asyncio.to_thread(self.engine_for, model)
+            found = await asyncio.to_thread(self.engine_for, model)
+            engine, name, adapter = (*found, None)[:3]
             await asyncio.to_thread(engine.wait_ready)
         except (LookupError, ValueError):  # a name this target does not serve: the row's error
             raise
         except Exception as exc:
             raise ModelLoadFailure(f"model {model or 'default'} cannot be loaded: {exc}") from None
         defaults = self.defaults_for(engine) if self.defaults_for is not None else ServerDefaults()
-        return engine, serving_for(engine, name, defaults)
+        return engine, serving_for(engine, name, defaults), adapter
 
     async def submit(self, engine, requests: list) -> list:
         return await asyncio.to_thread(engine.submit_requests, requests)
@@ -73,12 +76,13 @@ async def run_row(row: dict, target, job_id: str, source: str, on_handles: Calla
         return output_line(row, 400, None, row["error"])
     route = route_for(row["url"])
     try:
-        engine, serving = await target.open(row["body"].get("model"))
+        engine, serving, adapter = await target.open(row["body"].get("model"))
         req = route.parse(json.dumps(row["body"]).encode(), serving)
         if getattr(req, "stream", False):
             raise APIError(400, "stream is not supported in a batch: leave it out (each result is written whole)",
                            "invalid_request_error", "stream", "invalid_value")
-        typed = [SubmitRequest.of(**kw, source=source, job=job_id) for kw in route.engine_requests(req, serving)]
+        own = {"adapter": adapter} if adapter else {}
+        typed = [SubmitRequest.of(**kw, source=source, job=job_id, **own) for kw in route.engine_requests(req, serving)]
         handles = await target.submit(engine, typed)
         on_handles(handles)
         results = [await h.aresult() for h in handles]

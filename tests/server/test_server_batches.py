@@ -225,3 +225,40 @@ def test_a_server_fronting_a_backend_runs_its_jobs_there(server, tmp_path):
                                                          progress=False)
         assert len(result) == 3 and not result.errors and all(isinstance(r, str) for r in result)
         assert server.get("status")["generated_tokens"] > before  # the backend did the work
+
+
+def test_batch_lines_naming_an_adapter_decode_with_it(tmp_path):
+    from lora_fixture import make_adapter
+
+    from mlx_nb.models.sources import resolve
+
+    folder = make_adapter(resolve(MODEL), tmp_path / "terse", seed=7, rank=4)
+    (tmp_path / "srv").mkdir()
+    with serving(tmp_path / "srv", MODEL, f"--MLXExtension.adapters=terse={folder}",
+                 f"--MLXExtension.jobs_dir={tmp_path / 'jobs'}") as server:
+        client = sdk(server)
+        names = [MODEL, f"{MODEL}@terse", f"{MODEL}@nope"]
+        lines = []
+        for i in range(9):
+            line = json.loads(request_line(i, max_tokens=12))
+            line["body"]["model"] = names[i % 3]
+            lines.append(json.dumps(line))
+        upload = client.files.create(file=("adapters.jsonl", "\n".join(lines).encode()), purpose="batch")
+        done = wait_done(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                                        completion_window="24h").id)
+        assert (done.request_counts.completed, done.request_counts.failed) == (6, 3)
+        errors = lines_of(client, done.error_file_id)
+        assert all("no adapter 'nope'" in e["error"]["message"] for e in errors)
+        for line in lines_of(client, done.output_file_id):
+            i = int(line["custom_id"].split("-")[1])
+            body = json.loads(lines[i])["body"]
+            live = client.chat.completions.create(**body)  # the same request, interactive
+            assert line["response"]["body"]["choices"][0]["message"]["content"] == live.choices[0].message.content
+        # and the adapter made a difference: the base model answers those rows otherwise
+        differs = []
+        for line in lines_of(client, done.output_file_id):
+            body = json.loads(lines[int(line["custom_id"].split("-")[1])])["body"]
+            if body["model"].endswith("@terse"):
+                base = client.chat.completions.create(**{**body, "model": MODEL}).choices[0].message.content
+                differs.append(base != line["response"]["body"]["choices"][0]["message"]["content"])
+        assert len(differs) == 3 and any(differs)
