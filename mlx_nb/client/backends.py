@@ -38,7 +38,7 @@ def shared_engine(model: str):
 
     with _ENGINES_LOCK:
         eng = _ENGINES.get(model)
-        if eng is None or eng.load_error is not None or getattr(eng, "_closed", False):
+        if eng is None or eng.load_error is not None or eng.closed:
             eng = _ENGINES[model] = Engine(model, prefix_cache_dir=default_folder() or None)
         return eng
 

@@ -63,6 +63,7 @@ class JobManager:
         self.target = target
         self.source = source
         self.runs: dict[str, JobRun] = {}
+        self._locks: dict[str, JobLock] = {}  # held while a job runs here
         self._done: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -87,12 +88,16 @@ class JobManager:
             return self._loop
 
     def close(self) -> None:
-        """Stop running jobs here (their unfinished rows stay for the next process to resume)."""
-        for run in list(self.runs.values()):
-            run.cancelled = False  # not a cancel: the job resumes later
+        """Stop running jobs here: their unfinished rows stay for the next process (or the next
+        manager of this one) to resume. Not a cancel: their records still say in_progress."""
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
+        with self._lock:
+            for lock in self._locks.values():
+                lock.release()
+            self._locks.clear()
+            self.runs.clear()
 
     # -- creating ------------------------------------------------------------------------------
     def create_batch(self, input_file_id: str, endpoint: str, completion_window: str = "24h",
@@ -149,6 +154,7 @@ class JobManager:
             lock = JobLock(folder)
             if not lock.acquire():
                 return False
+            self._locks[job_id] = lock
             run = self.runs[job_id] = JobRun(folder, self.target, self.source, store=self.store)
             run.progress.total = (_read(folder).get("request_counts") or {}).get("total", 0)
             done = self._done[job_id] = Future()
@@ -160,15 +166,20 @@ class JobManager:
             except BaseException as exc:  # the job's record says what happened; the waiter hears it too
                 done.set_exception(exc)
             finally:
-                lock.release()
                 with self._lock:
-                    self.runs.pop(job_id, None)
+                    if self._locks.get(job_id) is lock:
+                        lock.release()
+                        del self._locks[job_id]
+                    if self.runs.get(job_id) is run:
+                        del self.runs[job_id]
 
         loop.call_soon_threadsafe(lambda: setattr(run, "task", loop.create_task(go())))
         return True
 
     def resume_unfinished(self) -> list[str]:
-        """Start every job left in progress (by a process that stopped or died); their ids."""
+        """Start every job left in progress (by a process that stopped or died); their ids. Jobs past
+        their time to live are deleted first."""
+        self.store.expire()
         resumed = []
         for folder in self.store.jobs():
             if _read(folder).get("status") in ("validating", "in_progress") and self.start(folder.id):

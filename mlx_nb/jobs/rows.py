@@ -46,12 +46,15 @@ class LocalTarget:
 
         try:
             found = await asyncio.to_thread(self.engine_for, model)
-            engine, name, adapter = (*found, None)[:3]
-            await asyncio.to_thread(engine.wait_ready)
-        except (LookupError, ValueError):  # a name this target does not serve: the row's error
+        except LookupError:  # a name this target does not serve: the row's error
             raise
         except Exception as exc:
             raise ModelLoadFailure(f"model {model or 'default'} cannot be loaded: {exc}") from None
+        engine, name, adapter = (*found, None)[:3]
+        try:
+            await asyncio.to_thread(engine.wait_ready)
+        except Exception as exc:  # the load failed: every row would, so the job fails with the reason
+            raise ModelLoadFailure(f"model {model or name} cannot be loaded: {exc}") from None
         defaults = self.defaults_for(engine) if self.defaults_for is not None else ServerDefaults()
         return engine, serving_for(engine, name, defaults), adapter
 

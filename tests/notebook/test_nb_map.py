@@ -186,3 +186,25 @@ def test_the_job_picture_escapes_what_it_shows():
     assert "<script>" not in svg and "&lt;script&gt;" in svg
     assert "4/10 rows · 1 errors · 120 tok/s · 2.0 rows/s · ETA 3 s · in_progress" == summary(p, "in_progress")
     assert "<polyline" in svg
+
+
+def test_a_job_whose_model_cannot_load_fails_with_the_reason_and_keeps_its_inputs(home):
+    from mlx_nb.client import ClientError
+
+    client = Client(embedded=True)
+    with pytest.raises(ClientError, match="cannot be loaded"):
+        client.map(["a", "b"], "Say {text}", model="no-such-model-anywhere", max_tokens=4, progress=False)
+    (job,) = client.jobs()
+    assert job["status"] == "failed" and job["errors"]["data"][0]["code"] == "model_load_failed"
+    (inputs,) = home.glob("jobs/batch_*/input.jsonl")
+    assert len(inputs.read_text().splitlines()) == 2
+
+
+def test_a_closed_shared_engine_is_not_handed_out_again(home):
+    from mlx_nb.client.backends import shared_engine
+
+    first = shared_engine("tiny-llama")
+    first.close()
+    second = shared_engine("tiny-llama")
+    assert second is not first and not second.closed
+    assert Client(embedded=True, model="tiny-llama").chat("hi", max_tokens=2).finish_reason in ("stop", "length")
