@@ -41,7 +41,8 @@ class AdapterControls:
             runner = self._loop.runner
             if runner.lora is None or name not in runner.lora.adapters:
                 raise RequestError(f"no adapter named {name} is loaded on {self.model_name}", "adapter")
-            using = [lv.id for lv in runner.live() if lv.extra.get("adapter") == name]
+            holding = {lv.id: lv for lv in [*runner.live(), *runner.lane.rows()]}  # job rows waiting their turn too
+            using = [i for i, lv in holding.items() if lv.extra.get("adapter") == name]
             if using:
                 raise RequestError(f"adapter {name} is in use by {len(using)} request(s): wait for them or abort "
                                    "them, then unload it", "adapter")

@@ -110,7 +110,9 @@ class BatchRunner:
         return bool(self.by_uid) or bool(self.lane)
 
     def live(self) -> list[LiveRequest]:
-        return [*self.by_uid.values(), *self.lane.rows()]
+        """The requests in the batch and the job rows out of it mid-answer (yielded); job rows that
+        have not started are counted in `background_status`, not listed (a job may hold thousands)."""
+        return [*self.by_uid.values(), *(p.live for p in self.lane.parked)]
 
     # -- the background lane (dataset jobs) --------------------------------------------------
     def queue_background(self, live: LiveRequest) -> None:

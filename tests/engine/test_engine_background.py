@@ -122,6 +122,9 @@ def test_jobs_take_turns_and_a_waiting_row_can_be_aborted():
     with Engine("tiny-llama", max_batch=2, wait=True) as eng:
         first = job_rows(eng, 8, job="a", max_tokens=6)
         second = job_rows(eng, 8, job="b", max_tokens=6, offset=100)
+        status = eng.status()  # rows waiting in the lane are counted, not listed (a job may hold thousands)
+        lane = status["background"]
+        assert len(status["requests"]) <= 2 and lane["waiting"] + lane["in_batch"] + lane["rows_done"] == 16
         eng.abort(first[-1].id)
         assert first[-1].result(30).finish_reason == "abort"
         for h in first[:-1] + second:
