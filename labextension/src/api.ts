@@ -3,7 +3,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { cleanSvg, EngineStatus, pictureWidth } from './data';
+import { cleanSvg, EngineStatus, JobStatus, pictureWidth } from './data';
 
 const settings = ServerConnection.makeSettings();
 
@@ -51,6 +51,22 @@ export async function fetchCachePicture(id: string, width: number): Promise<SVGS
     settings
   );
   return response.ok ? cleanSvg(await response.text()) : null;
+}
+
+/** The server's jobs (newest first), as the Batch API lists them. */
+export async function fetchJobs(): Promise<JobStatus[]> {
+  const response = await ServerConnection.makeRequest(url('batches?limit=20'), {}, settings);
+  return response.ok ? ((await response.json()).data as JobStatus[]) : [];
+}
+
+/** Stop a job: its rows in flight are aborted, the rows it finished are kept. */
+export async function cancelJob(id: string): Promise<boolean> {
+  const response = await ServerConnection.makeRequest(
+    url(`batches/${encodeURIComponent(id)}/cancel`),
+    { method: 'POST' },
+    settings
+  );
+  return response.ok;
 }
 
 /** Empty the engine's prefix cache; what it held ({entries, bytes, ...}). */

@@ -10,6 +10,7 @@ export interface RequestStatus {
   source?: string | null;
   label?: string | null;
   tokens_per_s?: number | null;
+  job?: string | null; // a dataset job's row: shown as its job's line, not on its own
 }
 
 /** One model the server may serve (the `registry` part of the status route). */
@@ -35,9 +36,49 @@ export interface EngineStatus {
   fill_in_the_middle?: string | null; // the model's FIM spelling, when it can fill a hole
 }
 
-/** Requests still waiting for their turn (queued) or for their prompt (prefill). */
+/** A dataset job, as the batches route lists it (the Batch API's batch object and its progress). */
+export interface JobStatus {
+  id: string;
+  status: string;
+  request_counts?: { total: number; completed: number; failed: number } | null;
+  progress?: { rows_per_s?: number; eta_s?: number | null } | null;
+  metadata?: Record<string, string> | null;
+}
+
+const RUNNING = ['validating', 'in_progress', 'cancelling'];
+
+/** The jobs still running, one line each: "map · 120/2000 rows · 3 errors · 14.2 rows/s · ETA 134 s". */
+export function jobLines(jobs: JobStatus[]): { id: string; text: string; status: string }[] {
+  return jobs
+    .filter(j => RUNNING.includes(j.status))
+    .map(j => {
+      const c = j.request_counts ?? { total: 0, completed: 0, failed: 0 };
+      const parts = [j.metadata?.mlx_kind ?? 'batch', `${c.completed + c.failed}/${c.total} rows`];
+      if (c.failed) {
+        parts.push(`${c.failed} errors`);
+      }
+      const p = j.progress ?? {};
+      if (p.rows_per_s) {
+        parts.push(`${p.rows_per_s.toFixed(1)} rows/s`);
+      }
+      if (p.eta_s != null && p.eta_s > 0) {
+        parts.push(`ETA ${Math.round(p.eta_s)} s`);
+      }
+      if (j.status !== 'in_progress') {
+        parts.push(j.status);
+      }
+      return { id: j.id, text: parts.join(' · '), status: j.status };
+    });
+}
+
+/** The interactive requests (a dataset job's rows are summed up in its job's line). */
+export function interactive(status: EngineStatus): RequestStatus[] {
+  return (status.requests ?? []).filter(r => !r.job);
+}
+
+/** Interactive requests still waiting for their turn (queued) or for their prompt (prefill). */
 export function waiting(status: EngineStatus): number {
-  return (status.requests ?? []).filter(r => r.phase === 'queued' || r.phase === 'prefill').length;
+  return interactive(status).filter(r => r.phase === 'queued' || r.phase === 'prefill').length;
 }
 
 /** "loading 40%", "ready", "error": the engine's state in one word or two. */

@@ -2,8 +2,19 @@
 // request labels and sources come from other notebooks and clients, so nothing is parsed as HTML.
 import { Panel, Widget } from '@lumino/widgets';
 
-import { abortRequest } from './api';
-import { EngineStatus, RequestStatus, modelLines, othersLoaded, shortName, stateOf, waiting } from './data';
+import { abortRequest, cancelJob } from './api';
+import {
+  EngineStatus,
+  interactive,
+  jobLines,
+  JobStatus,
+  modelLines,
+  othersLoaded,
+  RequestStatus,
+  shortName,
+  stateOf,
+  waiting
+} from './data';
 
 /** One line: model · state · batch · queue · tokens/s. Clicking it runs `onClick`. */
 export class StatusItem extends Widget {
@@ -44,6 +55,7 @@ export class Sidebar extends Panel {
   private models = document.createElement('ul');
   private header = document.createElement('div');
   private list = document.createElement('ul');
+  private jobs = document.createElement('ul');
   private cache = document.createElement('div');
   private timeline = new Widget();
   /** The request whose cache is shown (a row was clicked), while it is live. */
@@ -57,10 +69,11 @@ export class Sidebar extends Panel {
     this.title.caption = 'The shared MLX engine';
     this.header.className = 'mlx-nb-Sidebar-header';
     this.list.className = 'mlx-nb-Sidebar-requests';
+    this.jobs.className = 'mlx-nb-Sidebar-jobs';
     this.cache.className = 'mlx-nb-Sidebar-cache';
     this.requests.addClass('mlx-nb-Sidebar-live');
     this.models.className = 'mlx-nb-Sidebar-models';
-    this.requests.node.append(this.models, this.header, this.list, this.cache);
+    this.requests.node.append(this.models, this.header, this.jobs, this.list, this.cache);
     this.timeline.addClass('mlx-nb-Sidebar-timeline');
     this.addWidget(this.requests);
     this.addWidget(this.timeline);
@@ -86,6 +99,25 @@ export class Sidebar extends Panel {
     return this.timeline.node.clientWidth;
   }
 
+  /** The dataset jobs running on the server, each with a Stop button (their rows are background rows
+   * of the batch, so they are not listed among the requests one by one). */
+  showJobs(jobs: JobStatus[]): void {
+    this.jobs.replaceChildren(
+      ...jobLines(jobs).map(j => {
+        const stop = document.createElement('button');
+        stop.className = 'jp-Button mlx-nb-Button mlx-nb-Job-stop';
+        stop.textContent = 'Stop';
+        stop.title = `Stop job ${j.id} (the rows it finished are kept)`;
+        stop.disabled = j.status === 'cancelling';
+        stop.addEventListener('click', () => {
+          stop.disabled = true;
+          void cancelJob(j.id);
+        });
+        return item('mlx-nb-Job', { id: j.id, status: j.status }, span('mlx-nb-Job-progress', j.text), stop);
+      })
+    );
+  }
+
   /** The batch timeline (every request of every notebook and client, joining and leaving). */
   showTimeline(picture: SVGSVGElement | null): void {
     if (picture !== null) {
@@ -100,22 +132,16 @@ export class Sidebar extends Panel {
       return;
     }
     this.models.replaceChildren(
-      ...modelLines(status).map(m => {
-        const li = document.createElement('li');
-        li.className = 'mlx-nb-Model';
-        li.dataset.state = m.state;
-        li.dataset.name = m.name;
-        const name = document.createElement('span');
-        name.className = 'mlx-nb-Model-name';
-        name.textContent = m.name;
-        const state = document.createElement('span');
-        state.className = 'mlx-nb-Model-state';
-        state.textContent = `${m.state} · ${m.detail}`;
-        li.append(name, state);
-        return li;
-      })
+      ...modelLines(status).map(m =>
+        item(
+          'mlx-nb-Model',
+          { state: m.state, name: m.name },
+          span('mlx-nb-Model-name', m.name),
+          span('mlx-nb-Model-state', `${m.state} · ${m.detail}`)
+        )
+      )
     );
-    const requests = status.requests ?? [];
+    const requests = interactive(status);
     this.header.textContent =
       `${shortName(status.model)} · ${stateOf(status)} · batch ${status.batch_size ?? 0} · ` +
       `queue ${waiting(status)} · ${requests.length} running`;
@@ -154,4 +180,21 @@ export class Sidebar extends Panel {
     li.append(who, what, progress, abort);
     return li;
   }
+}
+
+/** A list item of class `className` with `data` attributes, holding `children`. */
+function item(className: string, data: Record<string, string>, ...children: HTMLElement[]): HTMLLIElement {
+  const li = document.createElement('li');
+  li.className = className;
+  Object.assign(li.dataset, data);
+  li.append(...children);
+  return li;
+}
+
+/** A span of plain text (never parsed as HTML: it may come from another client). */
+function span(className: string, text: string): HTMLSpanElement {
+  const el = document.createElement('span');
+  el.className = className;
+  el.textContent = text;
+  return el;
 }

@@ -3,6 +3,8 @@
 import {
   cleanSvg,
   completionAsk,
+  interactive,
+  jobLines,
   EngineStatus,
   modelLines,
   othersLoaded,
@@ -120,5 +122,33 @@ describe('modelLines', () => {
       { name: 'gemma', state: 'loaded', detail: 'reserves 1.0 MiB' },
       { name: 'broken', state: 'failed', detail: 'no config.json' }]);
     expect(othersLoaded(status)).toBe(1);
+  });
+});
+
+describe('jobLines', () => {
+  it('lists running jobs with their rows, errors, speed and ETA; finished ones not at all', () => {
+    const counts = (total: number, completed: number, failed: number) => ({ total, completed, failed });
+    const lines = jobLines([
+      { id: 'a', status: 'in_progress', request_counts: counts(2000, 117, 3), progress: { rows_per_s: 14.24, eta_s: 134.2 },
+        metadata: { mlx_kind: 'map' } },
+      { id: 'b', status: 'cancelling', request_counts: counts(10, 4, 0), progress: null },
+      { id: 'c', status: 'completed', request_counts: counts(5, 5, 0) },
+      { id: 'd', status: 'validating', request_counts: null }
+    ]);
+    expect(lines).toEqual([
+      { id: 'a', text: 'map · 120/2000 rows · 3 errors · 14.2 rows/s · ETA 134 s', status: 'in_progress' },
+      { id: 'b', text: 'batch · 4/10 rows · cancelling', status: 'cancelling' },
+      { id: 'd', text: 'batch · 0/0 rows · validating', status: 'validating' }
+    ]);
+  });
+});
+
+describe('interactive', () => {
+  it('leaves out the rows of dataset jobs, which their job line stands for', () => {
+    const r = (id: string, phase: string, job: string | null) => ({
+      id, phase, prompt_tokens: 1, generated_tokens: 0, max_tokens: 8, job });
+    const status = { ...base, requests: [r('a', 'decode', null), r('b', 'queued', 'batch_1'), r('c', 'queued', null)] };
+    expect(interactive(status).map(x => x.id)).toEqual(['a', 'c']);
+    expect(waiting(status)).toBe(1);
   });
 });

@@ -84,4 +84,5 @@ class LiveRequest:
             "source": self.extra.get("source"),  # who asked: a notebook, a route's client (X-MLX-Source)
             "label": self.extra.get("label"),  # the prompt's first words
             "adapter": self.extra.get("adapter"),  # the LoRA adapter its row decodes with, or None
+            "job": self.extra.get("job"),  # the dataset job it is a row of (a background row), or None
         }

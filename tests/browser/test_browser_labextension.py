@@ -39,7 +39,7 @@ def long_llama_lab(root: Path):
     extension_installed()
     model = write_tiny("llama", root / "long-llama", 7, {"max_position_embeddings": 65536})
     (root / "lab").mkdir()
-    with Lab(root / "lab", ["1 + 1"], model=str(model)) as server:
+    with Lab(root / "lab", ["1 + 1"], model=str(model), args=(f"--MLXExtension.jobs_dir={root / 'jobs'}",)) as server:
         yield server
 
 
@@ -213,6 +213,38 @@ def test_status_bar_and_sidebar_show_both_notebooks_and_abort_one(lab, page):
         expect(rows).to_have_count(0, timeout=WAIT_S * MS)
         assert not errors, errors
         assert Path(lab.log_path).exists()
+
+
+def test_sidebar_lists_a_running_job_and_its_stop_button_cancels_it(lab, page):
+    """A dataset job (an OpenAI batch) shows in the sidebar as one line with its rows and speed, not as
+    its rows one by one; Stop cancels it and the rows it finished are kept."""
+    from playwright.sync_api import expect
+
+    key = (lab.root / "runtime" / "mlx-nb-api-key").read_text().strip()
+    auth = {"Authorization": f"Bearer {key}"}
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"max_tokens": 3000, "temperature": 0, "logit_bias": {"258": -100},  # no end of text
+                                  "messages": [{"role": "user", "content": f"row {i}"}]}})
+             for i in range(64)]
+    upload = httpx.post(f"{lab.base}/mlx/v1/files", headers=auth, trust_env=False, timeout=WAIT_S,
+                        files={"file": ("rows.jsonl", "\n".join(lines).encode())}, data={"purpose": "batch"}).json()
+    batch = httpx.post(f"{lab.base}/mlx/v1/batches", headers=auth, trust_env=False, timeout=WAIT_S,
+                       json={"input_file_id": upload["id"], "endpoint": "/v1/chat/completions",
+                             "completion_window": "24h"}).json()
+    with watched(page, lab, "labext-07-job") as errors:
+        page.goto(f"{lab.base}/lab?token={lab.token}", wait_until="domcontentloaded", timeout=60 * MS)
+        item = page.locator(".mlx-nb-StatusItem")
+        expect(item).to_contain_text("ready", timeout=WAIT_S * MS)
+        item.click()
+        job = page.locator(f"#mlx-nb-sidebar .mlx-nb-Job[data-id='{batch['id']}']")
+        expect(job).to_contain_text("/64 rows", timeout=WAIT_S * MS)
+        expect(page.locator("#mlx-nb-sidebar .mlx-nb-Request")).to_have_count(0)  # its rows are not listed
+        _shot(page, "labext-light-07-job")
+        job.locator(".mlx-nb-Job-stop").click()
+        expect(job).to_have_count(0, timeout=WAIT_S * MS)  # gone from the list once it is cancelled
+        assert not errors, errors
+    status = httpx.get(f"{lab.base}/mlx/v1/batches/{batch['id']}", headers=auth, trust_env=False, timeout=WAIT_S).json()
+    assert status["status"] == "cancelled" and status["request_counts"]["completed"] < 64
 
 
 def test_sidebar_chat_streams_and_stops(lab, page):
