@@ -196,8 +196,9 @@ class MLXExtension(ExtensionApp):
         False, help="Serve mlx/v1/metrics without the mlx API key (for a local Prometheus scraper).",
     ).tag(config=True)
     job_rows_under_load = Int(
-        2, help="Batch slots a dataset job's rows keep while interactive requests run (the rest yield to them and "
-        "resume after): higher finishes jobs sooner under load, lower keeps chats closer to their idle speed.",
+        1, help="A dataset job's minimum share: the batch slots its rows get beside interactive requests once those "
+        "have held the batch alone for a second (job rows yield to an arriving request and resume after): higher "
+        "finishes jobs sooner under load, lower keeps long chats closer to their idle speed.",
     ).tag(config=True)
     max_file_bytes = Int(
         100 * 2**20, help="Largest file mlx/v1/files accepts (a batch's JSONL); 413 above.",

@@ -2,14 +2,22 @@
 
 A job (mlx_nb/jobs) submits its rows with `job=<id>`. They do not enter mlx_lm's generator at
 submit, as an interactive request does: they wait here, and between two steps the runner asks
-`room()` how many may join. With no interactive row in the batch a job fills it up to `max_batch`;
-while interactive rows are in it, background rows keep at most `under_load` slots (their minimum
-share: a job still finishes rows under sustained interactive load, and an interactive row's step
-is barely longer than alone). A running background row past that share *yields*: the runner
-takes it out of the batch with its cache (`Parked`) and puts it
-back, exactly where it stopped, when there is room again; its text stream, constraint state and
-budget go on as if it had never left. Parked rows come back first, then the jobs take turns
-(round robin), so several jobs share the lane fairly.
+`room()` how many may join.
+
+- With no interactive row in the batch a job fills it, in *waves*: rows join when the whole batch
+  has room for them (or the lane has no more), so their prompts are read as one prompt batch and the
+  batch's cache is extended once, not once per row; on the default model a 2,000-row job runs ~25%
+  faster in waves than row by row (bench/jobs.py).
+- When an interactive request arrives, every background row *yields*: the runner takes it out of
+  the batch with its cache (`Parked`) and puts it back, exactly where it stopped, when there is room
+  again; its text stream, constraint state and budget go on as if it had never left. With no
+  background row left, the step they had under way is dropped rather than finished, so the request
+  starts at the next step.
+- A job is never starved: once interactive rows have held the batch for `STARVED_S` while the job
+  waits, `under_load` of its rows (its minimum share) run beside them until they are gone. A chat of
+  a few seconds runs alone; a stream of chats still lets the job finish rows.
+
+Parked rows come back first, then the jobs take turns (round robin), so several jobs share fairly.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-UNDER_LOAD_ROWS = 2  # background rows kept in the batch while interactive rows run (Engine(job_rows_under_load=))
+UNDER_LOAD_ROWS = 1  # background rows beside interactive ones once the job waited STARVED_S (Engine(job_rows_under_load=))
+STARVED_S = 1.0  # how long interactive rows hold the batch alone before a waiting job gets its minimum share
 
 
 @dataclass
@@ -40,6 +49,7 @@ class BackgroundLane:
         self.parked: deque[Parked] = deque()
         self._turn: deque[str] = deque()  # the jobs' order for the next row (round robin)
         self.yielded = 0  # rows taken out of the batch for interactive ones, since the engine started
+        self.crowded_since: Optional[float] = None  # when interactive rows last began to hold the batch
 
     def __len__(self) -> int:
         return len(self.parked) + sum(len(q) for q in self.waiting.values())
@@ -55,10 +65,20 @@ class BackgroundLane:
         self.parked.append(parked)
         self.yielded += 1
 
-    def room(self, interactive: int, background: int, max_batch: int) -> int:
-        """How many background rows the batch may hold now (negative: how many must yield)."""
-        share = max_batch - interactive if interactive == 0 else min(self.under_load, max(0, max_batch - interactive))
+    def room(self, interactive: int, background: int, max_batch: int, now: float) -> int:
+        """How many more background rows the batch may hold now (negative: how many must yield)."""
+        if interactive == 0:
+            self.crowded_since = None
+            return max_batch - background
+        if self.crowded_since is None:
+            self.crowded_since = now
+        starved = now - self.crowded_since >= STARVED_S
+        share = min(self.under_load, max(0, max_batch - interactive)) if starved else 0
         return share - background
+
+    def wave(self, max_batch: int) -> int:
+        """How much room the batch needs before waiting rows join it (see the module docstring)."""
+        return max(1, min(len(self), max_batch))
 
     def take(self, n: int) -> list:
         """Up to `n` rows to (re)join the batch: parked ones first, then one per job in turn."""

@@ -96,7 +96,7 @@ class Engine(PrefixCacheControls, AdapterControls):
         draft_model: Optional[str] = None,
         kv_bits: Optional[int] = None,
         kv_group_size: int = 64,
-        job_rows_under_load: int = 2,
+        job_rows_under_load: int = 1,
         wait: bool = False,
     ):
         from mlx_nb.models.sources import DEFAULT_MODEL
@@ -109,8 +109,8 @@ class Engine(PrefixCacheControls, AdapterControls):
         # kv_bits (8 or 4): each request's keys and values quantized, rows of the shared batch all the
         # same (engine/kv_quant.py); a model that cannot read them keeps float ones, and status() says why.
         KVQuantization.parse(kv_bits, kv_group_size)  # a wrong setting is refused here, in one line
-        # job_rows_under_load: a dataset job's rows keep this many batch slots while interactive requests
-        # run, and yield the rest to them (engine/background.py)
+        # job_rows_under_load: a dataset job's minimum share beside interactive requests (its rows yield
+        # to an arriving request and get this many slots back after a second; engine/background.py)
         BackgroundLane(job_rows_under_load)  # likewise
         self.options = dict(max_batch=max_batch, prefill_batch=prefill_batch, prefill_step_size=prefill_step_size,
                             prefill_budget_s=prefill_budget_s, speculation=speculation, draft_model=draft_model, kv_bits=kv_bits or None,

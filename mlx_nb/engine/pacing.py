@@ -14,7 +14,9 @@ the budget then grows at most 2x a step while steps stay under time.
 When more requests wait for their first token than are decoding (a burst of new chats), their
 wait matters as much as the running streams' pace: the step time stretches with the ratio, up to
 `MAX_STRETCH` x `budget_s`. With nothing decoding, nobody is waiting on a stream, so prompts are
-read in full `max_chunk` chunks, the fastest way through.
+read in full `max_chunk` chunks, the fastest way through, unless the batch holds only a dataset
+job's rows (engine/background.py): an interactive request arriving then waits for the step under
+way, so their prompts are read in steps of about `BACKGROUND_STEP_S`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ PROBE_TOKENS = 64  # the first step's budget when prompts join decoding rows: th
 MAX_STRETCH = 4.0  # step time, in budgets, when many more requests wait than decode
 MAX_GROWTH = 2.0  # per step: one noisy measurement must not swing the budget wildly
 MAX_SHRINK = 0.25
+BACKGROUND_STEP_S = 0.1  # a step reading only job rows' prompts: what an arriving chat may wait for it
 
 
 class PrefillPacer:
@@ -36,18 +39,24 @@ class PrefillPacer:
         self.tokens: Optional[int] = None  # prompt tokens per step while rows decode; None: unpaced
         self.chunk = max_chunk
 
-    def next_chunk(self, step_s: float, read_tokens: int, decoding: int, waiting: int, rows: int) -> int:
+    def next_chunk(self, step_s: float, read_tokens: int, decoding: int, waiting: int, rows: int,
+                   background: bool = False) -> int:
         """Per-row chunk for the next step, given the last step's time and prompt tokens read, the
-        decoding rows, the requests waiting for their first token, and the rows about to read."""
+        decoding rows, the requests waiting for their first token, and the rows about to read;
+        `background`: the batch holds only job rows."""
+        if background and self.budget_s is not None:
+            return self._paced(step_s, read_tokens, rows, BACKGROUND_STEP_S)
         if self.budget_s is None or decoding == 0:
             self.tokens = None
             self.chunk = self.max_chunk
             return self.chunk
+        return self._paced(step_s, read_tokens, rows, self.budget_s * min(MAX_STRETCH, max(1.0, waiting / decoding)))
+
+    def _paced(self, step_s: float, read_tokens: int, rows: int, target_s: float) -> int:
         rows = max(rows, 1)
         if self.tokens is None or read_tokens == 0:  # no measurement: (back to) a probe
             self.tokens = min(self.tokens or PROBE_TOKENS, PROBE_TOKENS)
         else:
-            target_s = self.budget_s * min(MAX_STRETCH, max(1.0, waiting / decoding))
             scale = min(MAX_GROWTH, max(MAX_SHRINK, target_s / max(step_s, 1e-6)))
             self.tokens = int(min(self.max_chunk * rows, max(self.min_chunk, self.tokens * scale)))
         self.chunk = int(min(self.max_chunk, max(self.min_chunk, self.tokens // rows)))

@@ -121,17 +121,21 @@ class BatchRunner:
         self.lane.add(live)
 
     def balance(self) -> None:
-        """Between two steps: background rows join the slots interactive rows leave free, or yield
-        theirs (taken out with their state, resumed later) past their share while interactive rows run."""
+        """Between two steps: background rows join the slots interactive rows leave free (a wave at a
+        time), or yield theirs (taken out with their state, resumed later) when interactive rows run
+        (engine/background.py says when and how many)."""
         if self.sequential:  # one request at a time there: the lane only waits its turn
             if not self.by_uid:
                 for row in self.lane.take(1):
                     self._resume(row) if isinstance(row, Parked) else self.admit(row)
             return
         background = [lv for lv in self.by_uid.values() if lv.extra.get("job")]
-        room = self.lane.room(len(self.by_uid) - len(background), len(background), self.max_batch)
+        interactive = len(self.by_uid) - len(background)
+        room = self.lane.room(interactive, len(background), self.max_batch, time.monotonic())
         if room < 0 and self.yieldable:
             self._yield([lv for lv in background if lv.phase == "decode"][room:])
+        if not interactive and background and room < self.lane.wave(self.max_batch):
+            return  # the next wave joins when the batch has room for it
         for row in self.lane.take(max(0, room)):
             try:
                 self._resume(row) if isinstance(row, Parked) else self.admit(row)
@@ -145,7 +149,7 @@ class BatchRunner:
                 "yielded": self.lane.yielded, "rows_under_load": self.lane.under_load, "can_yield": self.yieldable}
 
     def _yield(self, lives: list[LiveRequest]) -> None:
-        """Background rows leave the batch with their cache and next token (engine/background.py)."""
+        """Background rows leave the batch with their cache (decode.Generator.park)."""
         if not lives:
             return
         parked = self._bg.park([lv.uid for lv in lives])
@@ -161,7 +165,8 @@ class BatchRunner:
                             batch_size=len(self.decoding))
 
     def _resume(self, parked: Parked) -> None:
-        """A yielded row back in the batch, decoding on from the token it had sampled."""
+        """A yielded row back in the batch: its last token is its one-token prompt, read against its
+        cache, and it decodes on from there."""
         live = parked.live
         if live.handle.done:
             return
@@ -296,8 +301,9 @@ class BatchRunner:
             return
         self._peak_batch = max(self._peak_batch, len(self.decoding))
         waiting = sum(1 for lv in self.by_uid.values() if lv.phase in ("queued", "prefill"))
+        background = bool(self.by_uid) and all(lv.extra.get("job") for lv in self.by_uid.values())
         chunk = self.pacer.next_chunk(step_s, self._read_tokens, len(self.decoding), waiting,
-                                      rows=min(waiting, self.prefill_batch))
+                                      rows=min(waiting, self.prefill_batch), background=background)
         if not self.sequential:  # the sequential lane reads generate_step's own chunks
             self._bg.prefill_step_size = chunk
         if self.decoding:

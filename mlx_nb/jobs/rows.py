@@ -37,6 +37,8 @@ class LocalTarget:
                  defaults_for: Optional[Callable[[Any], Any]] = None):
         self.engine_for = engine_for
         self.defaults_for = defaults_for
+        self._opened: dict = {}  # model -> (engine, Serving, adapter) while that engine serves
+
 
     async def open(self, model: Optional[str]):
         """(engine, Serving, adapter or None) for a row's model, once its engine is ready;
@@ -44,6 +46,9 @@ class LocalTarget:
         from mlx_nb.api import ServerDefaults
         from mlx_nb.api.routes import serving_for
 
+        known = self._opened.get(model)
+        if known is not None and known[0].ready:  # every row asks: only the first pays for the look-up
+            return known
         try:
             found = await asyncio.to_thread(self.engine_for, model)
         except LookupError:  # a name this target does not serve: the row's error
@@ -56,7 +61,8 @@ class LocalTarget:
         except Exception as exc:  # the load failed: every row would, so the job fails with the reason
             raise ModelLoadFailure(f"model {model or name} cannot be loaded: {exc}") from None
         defaults = self.defaults_for(engine) if self.defaults_for is not None else ServerDefaults()
-        return engine, serving_for(engine, name, defaults), adapter
+        self._opened[model] = opened = (engine, serving_for(engine, name, defaults), adapter)
+        return opened
 
     async def submit(self, engine, requests: list) -> list:
         return await asyncio.to_thread(engine.submit_requests, requests)
