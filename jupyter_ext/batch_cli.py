@@ -72,7 +72,8 @@ def run_file(data: bytes, output: Path, model: Optional[str] = None, max_batch: 
         return engines[name], name
 
     manager = JobManager(Store(), LocalTarget(engine_for), source="job: jupyter mlx batch")
-    job_id = manager.create_rows("batch_cli", "mixed", rows, {"input_sha": _sha(data)})
+    # the model for lines that name none is part of what the job is: another --model is another job
+    job_id = manager.create_rows(f"batch_cli:{model or DEFAULT_MODEL}", "mixed", rows, {"input_sha": _sha(data)})
     if not manager.start(job_id) and manager.describe(job_id)["status"] not in ("completed",):
         print(f"jupyter mlx batch: job {job_id} is being run by another process", file=sys.stderr)
         raise SystemExit(1)
@@ -83,6 +84,11 @@ def run_file(data: bytes, output: Path, model: Optional[str] = None, max_batch: 
     finally:
         for engine in engines.values():
             engine.close()
+    if job.get("status") != "completed":
+        counts = job["request_counts"]
+        print(f"jupyter mlx batch: stopped ({job.get('status')}) with {counts['completed'] + counts['failed']} of "
+              f"{counts['total']} rows done; run the same command again to resume", file=sys.stderr)
+        raise SystemExit(1)
     lines = manager.results(job_id)
     write_bytes_atomically(output, b"".join(json.dumps(public(line), ensure_ascii=False).encode() + b"\n"
                                             for line in lines))
@@ -90,6 +96,8 @@ def run_file(data: bytes, output: Path, model: Optional[str] = None, max_batch: 
 
 
 def _wait(manager, job_id: str, progress: bool) -> dict:
+    from concurrent.futures import TimeoutError as FutureTimeout
+
     from tqdm import tqdm
 
     total = manager.describe(job_id)["request_counts"]["total"]
@@ -98,7 +106,7 @@ def _wait(manager, job_id: str, progress: bool) -> dict:
         while True:
             try:
                 job = manager.wait(job_id, timeout=0.5)
-            except TimeoutError:
+            except (TimeoutError, FutureTimeout):  # the same class from Python 3.11 on, not before
                 job = manager.describe(job_id)
             bar.n = (job.get("progress") or {}).get("done", 0)
             bar.refresh()

@@ -194,6 +194,8 @@ def start_map(backend, inputs: Any, prompt: Optional[str], model: str, **setting
     from mlx_nb.jobs.tables import map_rows
 
     out = settings.pop("out", "answer")
+    if not hasattr(inputs, "__len__"):  # a generator: read once, kept to shape the result
+        inputs = list(inputs)
     rows = map_rows(inputs, prompt, model=model, **settings)
     if not rows:
         raise ClientError("nothing to map: the inputs have no rows")

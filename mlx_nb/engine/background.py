@@ -7,7 +7,8 @@ submit, as an interactive request does: they wait here, and between two steps th
 - With no interactive row in the batch a job fills it, in *waves*: rows join when the whole batch
   has room for them (or the lane has no more), so their prompts are read as one prompt batch and the
   batch's cache is extended once, not once per row; on the default model a 2,000-row job runs ~25%
-  faster in waves than row by row (bench/jobs.py).
+  faster in waves than row by row (bench/jobs.py). Room left unused for `WAVE_WAIT_S` (a long row
+  still running) is filled without waiting for the wave; yielded rows come back without waiting.
 - When an interactive request arrives, every background row *yields*: the runner takes it out of
   the batch with its cache (`Parked`) and puts it back, exactly where it stopped, when there is room
   again; its text stream, constraint state and budget go on as if it had never left. With no
@@ -28,6 +29,7 @@ from typing import Optional
 
 UNDER_LOAD_ROWS = 1  # background rows beside interactive ones once the job waited STARVED_S (Engine(job_rows_under_load=))
 STARVED_S = 1.0  # how long interactive rows hold the batch alone before a waiting job gets its minimum share
+WAVE_WAIT_S = 2.0  # room left unused this long: waiting rows join without waiting for a whole wave
 
 
 @dataclass
@@ -50,6 +52,7 @@ class BackgroundLane:
         self._turn: deque[str] = deque()  # the jobs' order for the next row (round robin)
         self.yielded = 0  # rows taken out of the batch for interactive ones, since the engine started
         self.crowded_since: Optional[float] = None  # when interactive rows last began to hold the batch
+        self.room_since: Optional[float] = None  # since when the batch has had room a wave did not fill
 
     def __len__(self) -> int:
         return len(self.parked) + sum(len(q) for q in self.waiting.values())
@@ -76,8 +79,18 @@ class BackgroundLane:
         share = min(self.under_load, max(0, max_batch - interactive)) if starved else 0
         return share - background
 
-    def wave(self, max_batch: int) -> int:
-        """How much room the batch needs before waiting rows join it (see the module docstring)."""
+    def wave(self, max_batch: int, room: int, now: float) -> int:
+        """How much room the batch needs before waiting rows join it (see the module docstring):
+        none for parked rows (they were in the batch already), none once room has been waiting for
+        `WAVE_WAIT_S` (one long row must not hold the rest of the batch empty), else a whole wave."""
+        if self.parked:
+            return 1
+        if room <= 0:
+            self.room_since = None
+        elif self.room_since is None:
+            self.room_since = now
+        if self.room_since is not None and now - self.room_since >= WAVE_WAIT_S:
+            return 1
         return max(1, min(len(self), max_batch))
 
     def take(self, n: int) -> list:

@@ -348,12 +348,13 @@ class Generator(BatchGenerator):
         decoding = [u for u in self._generation_batch.uids if u in wanted]
         if not decoding:
             return {}
+        found = self.extract_cache(decoding)
+        if not all(can_trim_prompt_cache(extracted(found, uid)[0]) for uid in decoding):
+            return {}  # checked before any row leaves: such rows stay in the batch
         found = self.remove(decoding, return_prompt_caches=True)
         out = {}
         for uid in decoding:
             cache, tokens = extracted(found, uid)
-            if not can_trim_prompt_cache(cache):
-                raise ValueError("this cache cannot be cut back: its rows cannot yield")
             trim_prompt_cache(cache, 1)
             out[uid] = (cache, tokens)
         return out

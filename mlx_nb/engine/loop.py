@@ -252,7 +252,10 @@ class EngineLoop:
                         except queue.Empty:
                             cmd = None
             if runner.active:
-                runner.balance()  # job rows fill the slots interactive requests leave (engine/background.py)
+                try:  # job rows fill the slots interactive requests leave (engine/background.py)
+                    runner.balance()
+                except Exception as exc:  # as a failed step: the batch's requests fail, the engine goes on
+                    runner._recover(exc)
             if runner.by_uid:
                 runner.step()
                 self.memory.after_step(runner)

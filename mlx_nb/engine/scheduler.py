@@ -126,17 +126,20 @@ class BatchRunner:
         (engine/background.py says when and how many)."""
         if self.sequential:  # one request at a time there: the lane only waits its turn
             if not self.by_uid:
-                for row in self.lane.take(1):
-                    self._resume(row) if isinstance(row, Parked) else self.admit(row)
+                self._start(self.lane.take(1))
             return
         background = [lv for lv in self.by_uid.values() if lv.extra.get("job")]
         interactive = len(self.by_uid) - len(background)
         room = self.lane.room(interactive, len(background), self.max_batch, time.monotonic())
         if room < 0 and self.yieldable:
             self._yield([lv for lv in background if lv.phase == "decode"][room:])
-        if not interactive and background and room < self.lane.wave(self.max_batch):
+        if not interactive and background and room < self.lane.wave(self.max_batch, room, time.monotonic()):
             return  # the next wave joins when the batch has room for it
-        for row in self.lane.take(max(0, room)):
+        self._start(self.lane.take(max(0, room)))
+
+    def _start(self, rows: list) -> None:
+        """Rows from the lane into the batch; one that cannot start ends with its error, alone."""
+        for row in rows:
             try:
                 self._resume(row) if isinstance(row, Parked) else self.admit(row)
             except Exception as exc:

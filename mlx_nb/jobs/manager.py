@@ -18,10 +18,11 @@ from concurrent.futures import Future
 from typing import Any, Optional
 
 from mlx_nb.jobs.lines import BatchInputError, endpoint_of, parse_input
-from mlx_nb.jobs.runner import JobRun
+from mlx_nb.jobs.runner import CANCEL_MARKER, JobRun
 from mlx_nb.jobs.store import FINISHED, JobFolder, Store, new_id
 
 WINDOWS = {"24h": 24 * 3600}
+RETRY_S = 5.0  # a job stopped by something passing (its engine closed, its model busy) runs again after this
 
 
 def fingerprint(kind: str, endpoint: str, rows: list[dict]) -> str:
@@ -107,7 +108,7 @@ class JobManager:
         if url is None:
             raise BatchInputError(f"endpoint {endpoint!r} cannot be batched: use one of /v1/chat/completions, "
                                   "/v1/completions")
-        if completion_window not in WINDOWS:
+        if not isinstance(completion_window, str) or completion_window not in WINDOWS:
             raise BatchInputError(f"completion_window must be one of {', '.join(WINDOWS)}, not {completion_window!r}")
         data = self.store.file_path(input_file_id).read_bytes()
         rows = parse_input(data, url)
@@ -161,8 +162,10 @@ class JobManager:
         loop = self._ensure_loop()
 
         async def go():
+            record = None
             try:
-                done.set_result(await run.run())
+                record = await run.run()
+                done.set_result(record)
             except BaseException as exc:  # the job's record says what happened; the waiter hears it too
                 done.set_exception(exc)
             finally:
@@ -172,17 +175,31 @@ class JobManager:
                         del self._locks[job_id]
                     if self.runs.get(job_id) is run:
                         del self.runs[job_id]
+            if record is not None and record.get("status") == "in_progress" and self._loop is loop:
+                loop.call_later(RETRY_S, self._retry, job_id)  # stopped by something passing: again later
 
         loop.call_soon_threadsafe(lambda: setattr(run, "task", loop.create_task(go())))
         return True
 
-    def resume_unfinished(self) -> list[str]:
-        """Start every job left in progress (by a process that stopped or died); their ids. Jobs past
-        their time to live are deleted first."""
+    def _retry(self, job_id: str) -> None:
+        try:
+            self.start(job_id)
+        except KeyError:  # deleted meanwhile
+            pass
+
+    def resume_unfinished(self, kinds: tuple = ("batch",)) -> list[str]:
+        """Start every job of `kinds` left in progress (by a process that stopped or died); their ids.
+        (A notebook's map or a `jupyter mlx batch` run is resumed by asking for it again, on its own
+        engines.) Jobs left cancelling end cancelled; jobs past their time to live are deleted first."""
         self.store.expire()
         resumed = []
         for folder in self.store.jobs():
-            if _read(folder).get("status") in ("validating", "in_progress") and self.start(folder.id):
+            record = _read(folder)
+            if record.get("kind") not in kinds:
+                continue
+            if record.get("status") == "cancelling" and JobLock(folder).acquire():
+                folder.update(status="cancelled", cancelled_at=int(time.time()), ended_at=time.time())
+            elif record.get("status") in ("validating", "in_progress") and self.start(folder.id):
                 resumed.append(folder.id)
         return resumed
 
@@ -194,16 +211,23 @@ class JobManager:
         return self.describe(job_id)
 
     def cancel(self, job_id: str) -> dict:
+        """Cancel a job wherever it runs: here (its rows in flight aborted), in another process (a
+        marker its runner reads), or nowhere (it ends now). Only the runner writes its last record."""
         folder = self.store.job(job_id)
-        run = self.runs.get(job_id)
-        record = _read(folder)
-        if record.get("status") in FINISHED:
+        if _read(folder).get("status") in FINISHED:
             return self.describe(job_id)
+        run = self.runs.get(job_id)
         if run is not None:
-            folder.update(status="cancelling", cancelling_at=int(time.time()))
             run.cancel()
-        else:  # not running here (stopped, or never started): it just ends
-            folder.update(status="cancelled", cancelled_at=int(time.time()), ended_at=time.time())
+            return self.describe(job_id)
+        lock = JobLock(folder)
+        if lock.acquire():  # nobody runs it: it ends here
+            try:
+                folder.update(status="cancelled", cancelled_at=int(time.time()), ended_at=time.time())
+            finally:
+                lock.release()
+        else:
+            (folder.path / CANCEL_MARKER).touch()
         return self.describe(job_id)
 
     # -- reading -------------------------------------------------------------------------------
@@ -213,6 +237,9 @@ class JobManager:
         record = _read(folder)
         run = self.runs.get(job_id)
         out = {k: v for k, v in record.items() if k not in ("fingerprint", "ended_at")}
+        asked = (run is not None and run.cancelled) or (folder.path / CANCEL_MARKER).exists()
+        if asked and out.get("status") in ("validating", "in_progress"):
+            out["status"] = "cancelling"
         if run is not None:
             out["request_counts"] = run.counts()
             out["progress"] = run.progress.to_dict()
@@ -228,7 +255,13 @@ class JobManager:
         ids = [f.id for f in self.store.jobs()]
         if after in ids:
             ids = ids[ids.index(after) + 1:]
-        return [self.describe(i) for i in ids[:limit]]
+        out = []
+        for job_id in ids[:limit]:
+            try:
+                out.append(self.describe(job_id))
+            except (KeyError, OSError):  # deleted (expired) while the list was read
+                pass
+        return out
 
     def results(self, job_id: str) -> list[dict]:
         """Each finished row's output line, in row order."""

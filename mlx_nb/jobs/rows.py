@@ -20,6 +20,9 @@ from typing import Any, Callable, Optional
 from mlx_nb.jobs.lines import output_line
 
 
+PASSING = (429, 502, 503, 504)  # statuses that say "not now", not "not this row"
+
+
 class ModelLoadFailure(RuntimeError):
     """The job's model cannot be loaded: the job fails with this reason, its inputs kept."""
 
@@ -54,6 +57,8 @@ class LocalTarget:
         except LookupError:  # a name this target does not serve: the row's error
             raise
         except Exception as exc:
+            if type(exc).__name__ == "ModelUnavailable":  # the memory budget is held by busy models: later
+                raise Interrupted(str(exc)) from None
             raise ModelLoadFailure(f"model {model or 'default'} cannot be loaded: {exc}") from None
         engine, name, adapter = (*found, None)[:3]
         try:
@@ -95,14 +100,20 @@ async def run_row(row: dict, target, job_id: str, source: str, on_handles: Calla
         handles = await target.submit(engine, typed)
         on_handles(handles)
         results = [await h.aresult() for h in handles]
-    except ModelLoadFailure:
+    except (ModelLoadFailure, Interrupted):
         raise
     except APIError as exc:
+        if exc.status in PASSING:  # a backend busy or out of reach: not this row's answer, it runs again
+            raise Interrupted(f"{exc.status}: {exc.message}") from None
         return _error_line(row, exc)
     except RequestError as exc:
         return _error_line(row, from_request_error(exc))
     except (LookupError, ValueError) as exc:
         return output_line(row, 400, None, {"code": "invalid_request", "message": str(exc)})
+    except RuntimeError as exc:
+        if type(exc).__name__ == "EngineClosedError":  # closed between looking it up and submitting
+            raise Interrupted(str(exc)) from None
+        raise
     if any(r.finish_reason == "abort" for r in results):
         raise Interrupted(row["row"])
     broken = [r for r in results if r.finish_reason == "error"]

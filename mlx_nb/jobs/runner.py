@@ -4,7 +4,8 @@ The runner keeps `window` rows submitted at a time (enough to fill a batch twice
 holds the rest back, so submitting more would only template prompts early), writes each finished
 row with one fsync per group of rows that finished together, and keeps the live numbers a progress
 display reads (`Progress`). Cancel aborts the rows in flight; their rows get no result, so a job
-stopped by a closing engine or a killed process resumes them.
+stopped by a closing engine or a killed process resumes them. A cancel asked in another process
+(the one running the job holds its lock) leaves a marker in the job's folder that the runner reads.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mlx_nb.jobs.store import JobFolder
 
 WINDOW = 64  # rows submitted at once
 RECORD_EVERY_S = 1.0  # how often the job's record on disk gets its counts while it runs
+CANCEL_MARKER = "cancel-requested"  # a file in the job's folder: cancel it, whichever process runs it
 
 
 @dataclass
@@ -69,44 +71,59 @@ class JobRun:
         self.cancelled = False
         self._handles: set = set()
         self.task: Optional[asyncio.Task] = None
+        self.loop: Optional[asyncio.AbstractEventLoop] = None  # the jobs' loop, once running
 
     def cancel(self) -> None:
-        """Stop: rows in flight are aborted (the engine drops them at its next step)."""
+        """Stop (from any thread): rows in flight are aborted on the jobs' loop (a remote row's abort
+        cancels a task of that loop), the engine drops them at its next step."""
         self.cancelled = True
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._abort_all)
+
+    def _abort_all(self) -> None:
         for handle in list(self._handles):
             handle.abort()
 
+    def _cancel_asked(self) -> bool:
+        """A cancel from another process (it cannot reach this one): the marker in the job's folder."""
+        if not self.cancelled and (self.folder.path / CANCEL_MARKER).exists():
+            self.cancelled = True
+            self._abort_all()
+        return self.cancelled
+
     async def run(self) -> dict:
-        """Run the rows without a result; the job's final record (status completed, failed, cancelled,
-        or still in_progress when interrupted)."""
+        """Run the rows without a result; the job's final record: completed, failed (its model cannot
+        load, or its results cannot be stored), cancelled, or still in_progress when interrupted (the
+        engine closed under it, a model busy: the manager runs it again later)."""
+        self.loop = asyncio.get_running_loop()
         folder = self.folder
         done = folder.results()
         rows = list(folder.inputs())
-        pending = [r for r in rows if r["row"] not in done]
         p = self.progress
         p.total, p.started = len(rows), time.time()
         for line in done.values():
             p.done += 1
             p.errors += failed(line)
         p.resumed_from = p.done
+        pending = iter([r for r in rows if r["row"] not in done])
+        del rows, done
         record = await asyncio.to_thread(folder.update, status="in_progress",
                                          in_progress_at=folder.record().get("in_progress_at") or int(time.time()))
         log = await asyncio.to_thread(folder.open_results)
-        gate = asyncio.Semaphore(self.window)
         finished: list[dict] = []
         writing = asyncio.Lock()
-        interrupted: list[BaseException] = []
+        stops: list[BaseException] = []  # why rows stopped being taken: Interrupted, ModelLoadFailure, ...
         last_record = time.monotonic()
 
-        async def one(row: dict) -> None:
+        async def worker() -> None:  # `window` of these: a row each at a time, never a task per row
             nonlocal last_record
-            async with gate:
-                if self.cancelled or interrupted:
+            for row in pending:
+                if self._cancel_asked() or stops:
                     return
                 try:
                     line = await run_row(row, self.target, folder.id, self.source, self._track)
-                except (Interrupted, ModelLoadFailure) as exc:
-                    interrupted.append(exc)
+                except Exception as exc:  # Interrupted, ModelLoadFailure, or the engine closing under it
+                    stops.append(exc)
                     return
                 finished.append(line)
                 async with writing:  # rows that finished while the last write ran go in one fsync
@@ -121,47 +138,59 @@ class JobRun:
                     await asyncio.to_thread(folder.update, request_counts=self.counts())
 
         try:
-            await asyncio.gather(*(one(r) for r in pending))
+            await asyncio.gather(*(worker() for _ in range(self.window)), return_exceptions=True)
         finally:
-            log.close()
-        load_failures = [e for e in interrupted if isinstance(e, ModelLoadFailure)]
+            log.close()  # every worker has ended: none writes after this
+        load_failures = [e for e in stops if isinstance(e, ModelLoadFailure)]
         if load_failures:
-            return await asyncio.to_thread(folder.update, status="failed", ended_at=time.time(),
-                                           failed_at=int(time.time()), request_counts=self.counts(),
-                                           errors={"object": "list", "data": [
-                                               {"code": "model_load_failed", "message": str(load_failures[0]),
-                                                "line": None, "param": "model"}]})
+            return await asyncio.to_thread(self._end, "failed", errors={"object": "list", "data": [
+                {"code": "model_load_failed", "message": str(load_failures[0]), "line": None, "param": "model"}]})
         if self.cancelled:
-            return await asyncio.to_thread(folder.update, status="cancelled", ended_at=time.time(),
-                                           cancelled_at=int(time.time()), request_counts=self.counts())
-        if interrupted or p.done < p.total:  # the engine stopped under it: it resumes later
+            return await asyncio.to_thread(self._end, "cancelled")
+        if stops or p.done < p.total:
+            if not any(isinstance(e, Interrupted) for e in stops):
+                log_stop(folder.id, stops)
             return await asyncio.to_thread(folder.update, request_counts=self.counts())
-        return record | await asyncio.to_thread(self._complete)
+        return record | await asyncio.to_thread(self._end, "completed")
 
     def counts(self) -> dict:
         p = self.progress
         return {"total": p.total, "completed": p.done - p.errors, "failed": p.errors}
 
-    def _complete(self) -> dict:
-        """Every row has its result: the output and error files (for a batch), then status completed."""
+    def _end(self, status: str, **more) -> dict:
+        """The job's last record: its output and error files (a batch's, with the rows it finished, as
+        OpenAI gives a cancelled batch's), then its status. A store past its budget fails it, saying so."""
+        from mlx_nb.jobs.store import StoreFull
+
+        now = time.time()
+        changes = {"status": status, "ended_at": now, f"{status}_at": int(now), "request_counts": self.counts(),
+                   **more}
+        try:
+            changes.update(self._files())
+        except StoreFull as exc:
+            changes.update(status="failed", failed_at=int(now), errors={"object": "list", "data": [
+                {"code": "storage_full", "message": str(exc), "line": None, "param": None}]})
+        (self.folder.path / CANCEL_MARKER).unlink(missing_ok=True)
+        return self.folder.update(**changes)
+
+    def _files(self) -> dict:
+        import json
+
         from mlx_nb.jobs.lines import public
 
-        record = self.folder.record()
-        changes = {"status": "completed", "ended_at": time.time(), "completed_at": int(time.time()),
-                   "finalizing_at": int(time.time()), "request_counts": self.counts()}
-        store = self.store
-        if record.get("kind") == "batch" and store is not None:
-            import json
-
-            results = sorted(self.folder.results().values(), key=lambda r: r["row"])
-            good = [json.dumps(public(r), ensure_ascii=False) for r in results if not failed(r)]
-            bad = [json.dumps(public(r), ensure_ascii=False) for r in results if failed(r)]
-            for key, lines in (("output_file_id", good), ("error_file_id", bad)):
-                if lines:
-                    meta = store.create_file(("\n".join(lines) + "\n").encode(), f"{self.folder.id}_{key[:-8]}.jsonl",
-                                             "batch_output")
-                    changes[key] = meta["id"]
-        return self.folder.update(**changes)
+        if self.folder.record().get("kind") != "batch" or self.store is None:
+            return {}
+        out = {"finalizing_at": int(time.time())}
+        results = sorted(self.folder.results().values(), key=lambda r: r["row"])
+        good = [json.dumps(public(r), ensure_ascii=False) for r in results if not failed(r)]
+        bad = [json.dumps(public(r), ensure_ascii=False) for r in results if failed(r)]
+        del results
+        for key, lines in (("output_file_id", good), ("error_file_id", bad)):
+            if lines:
+                meta = self.store.create_file(("\n".join(lines) + "\n").encode(), f"{self.folder.id}_{key[:-8]}.jsonl",
+                                              "batch_output")
+                out[key] = meta["id"]
+        return out
 
     def _track(self, handles: list) -> None:
         for handle in handles:
@@ -169,3 +198,10 @@ class JobRun:
             if self.cancelled:
                 handle.abort()
         self._handles = {h for h in self._handles if not h.done}
+
+
+def log_stop(job_id: str, stops: list) -> None:
+    import logging
+
+    logging.getLogger("mlx_nb.jobs").warning("job %s stopped (it runs again later): %s: %s", job_id,
+                                             type(stops[0]).__name__, stops[0])

@@ -200,7 +200,8 @@ class Store:
         """Every job, the newest first."""
         if not self.jobs_dir.exists():
             return []
-        found = [JobFolder(p) for p in self.jobs_dir.iterdir() if (p / "job.json").exists()]
+        found = [JobFolder(p) for p in self.jobs_dir.iterdir()
+                 if not p.name.startswith(".") and (p / "job.json").exists()]  # not one still being made
         return sorted(found, key=lambda j: _created(j), reverse=True)
 
     def create_job(self, record: dict, lines: list[dict]) -> JobFolder:

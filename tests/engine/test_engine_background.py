@@ -176,3 +176,20 @@ def test_the_batch_timeline_marks_job_rows_and_their_yields():
     assert len(re.findall(r'<g class="lane job"', svg)) == 4 and len(re.findall(r'<g class="lane"', svg)) == 1
     assert svg.count('class="yielded"') == 4 and "job row decoding" in svg
     assert "<b>there" not in svg  # the prompt's words are escaped
+
+
+def test_a_wave_waits_for_room_but_not_for_ever_and_yielded_rows_never_wait():
+    from types import SimpleNamespace
+
+    from mlx_nb.engine.background import WAVE_WAIT_S, BackgroundLane, Parked
+
+    lane = BackgroundLane()
+    for i in range(40):
+        lane.add(SimpleNamespace(id=f"r{i}", extra={"job": "j"}, handle=SimpleNamespace(done=False)))
+    assert lane.wave(32, room=5, now=100.0) == 32  # a whole batch's worth waits for room
+    assert lane.wave(32, room=5, now=100.0 + WAVE_WAIT_S / 2) == 32
+    assert lane.wave(32, room=5, now=100.0 + WAVE_WAIT_S) == 1  # room unused this long: fill it now
+    assert lane.wave(32, room=0, now=200.0) == 32  # a full batch starts the clock again
+    lane.park(Parked(SimpleNamespace(id="p", extra={"job": "j"}, handle=SimpleNamespace(done=False)), [], [1, 2]))
+    assert lane.wave(32, room=1, now=200.0) == 1  # a yielded row comes back as soon as there is room
+    assert [getattr(r, "live", r).id for r in lane.take(3)] == ["p", "r0", "r1"]

@@ -208,3 +208,25 @@ def test_a_closed_shared_engine_is_not_handed_out_again(home):
     second = shared_engine("tiny-llama")
     assert second is not first and not second.closed
     assert Client(embedded=True, model="tiny-llama").chat("hi", max_tokens=2).finish_reason in ("stop", "length")
+
+
+def test_a_cancel_reaches_a_job_another_process_runs(home, engine):
+    """The job's lock is held elsewhere (as by another process): cancel leaves a marker, the job shows
+    as cancelling, and the runner that takes it up ends it cancelled without running its rows."""
+    from mlx_nb.client.jobs import embedded_manager
+    from mlx_nb.jobs.manager import JobLock
+    from mlx_nb.jobs.tables import map_rows
+
+    manager = embedded_manager(engine)
+    job_id = manager.create_rows("map", "/v1/chat/completions", map_rows(["a", "b", "c"], "Say {text}",
+                                                                           model=None, max_tokens=4))
+    elsewhere = JobLock(manager.store.job(job_id))
+    assert elsewhere.acquire()
+    try:
+        assert not manager.start(job_id)  # held: not run here
+        assert manager.cancel(job_id)["status"] == "cancelling"
+    finally:
+        elsewhere.release()
+    assert manager.start(job_id)
+    ended = manager.wait(job_id, timeout=60)
+    assert ended["status"] == "cancelled" and ended["request_counts"]["completed"] == 0
