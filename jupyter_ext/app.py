@@ -227,7 +227,10 @@ class MLXExtension(ExtensionApp):
         self.handlers.extend(ROUTES)
 
     def initialize_settings(self):
+        import threading
+
         self.engine = None
+        self.engine_lock = threading.Lock()
         self.remote = None
         self.registry = self._registry()
         self.jobs = self._jobs()
@@ -277,13 +280,15 @@ class MLXExtension(ExtensionApp):
             self.log.info("mlx: resumed %d unfinished job(s): %s", len(resumed), ", ".join(resumed))
 
     def start_engine(self):
-        """Create the Engine (it loads in the background) unless it exists; returns it."""
-        if self.engine is None:
-            from mlx_nb.engine import Engine
+        """Create the Engine (it loads in the background) unless it exists; returns it. Called from the
+        event loop and from the job runner's threads (a batch's first rows, all at once): one Engine."""
+        with self.engine_lock:
+            if self.engine is None:
+                from mlx_nb.engine import Engine
 
-            self.engine = Engine(self.model, wait=False, **self.engine_options(self.model))
-            self.registry.pin(self.model, self.engine)
-        return self.engine
+                self.engine = Engine(self.model, wait=False, **self.engine_options(self.model))
+                self.registry.pin(self.model, self.engine)
+            return self.engine
 
     def _registry(self):
         """The models besides the default one that requests may name (engine/registry.py)."""

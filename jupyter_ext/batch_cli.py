@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -64,12 +65,14 @@ def run_file(data: bytes, output: Path, model: Optional[str] = None, max_batch: 
         print(f"jupyter mlx batch: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     engines: dict = {}
+    making = threading.Lock()  # the job's first rows ask for their engine at once, from several threads
 
     def engine_for(name: Optional[str]):
         name = name or model or DEFAULT_MODEL
-        if name not in engines:
-            engines[name] = Engine(name, max_batch=max_batch)
-        return engines[name], name
+        with making:
+            if name not in engines:
+                engines[name] = Engine(name, max_batch=max_batch)
+            return engines[name], name
 
     manager = JobManager(Store(), LocalTarget(engine_for), source="job: jupyter mlx batch")
     # the model for lines that name none is part of what the job is: another --model is another job

@@ -19,6 +19,8 @@ submit, as an interactive request does: they wait here, and between two steps th
   a few seconds runs alone; a stream of chats still lets the job finish rows.
 
 Parked rows come back first, then the jobs take turns (round robin), so several jobs share fairly.
+A vision model's requests are read by their own prefill lane (engine/vision_prefill.py): there a
+job's rows are admitted as interactive requests are, not held here.
 """
 
 from __future__ import annotations
