@@ -351,7 +351,7 @@ class Generator(BatchGenerator):
         found = self.extract_cache(decoding)
         if not all(can_trim_prompt_cache(extracted(found, uid)[0]) for uid in decoding):
             return {}  # checked before any row leaves: such rows stay in the batch
-        found = self.remove(decoding, return_prompt_caches=True)
+        self.remove(decoding)
         out = {}
         for uid in decoding:
             cache, tokens = extracted(found, uid)

@@ -9,7 +9,6 @@ when the batch is created, with their line numbers, since the results could not 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Optional
 
 from mlx_nb.jobs.store import new_id
@@ -92,7 +91,7 @@ def output_line(row: dict, status: int, body: Optional[dict], error: Optional[di
     """One line of the output (or error) file, as OpenAI writes it, plus our `row` index."""
     response = None if body is None else {"status_code": status, "request_id": new_id("req"), "body": body}
     return {"row": row["row"], "id": new_id("batch_req"), "custom_id": row.get("custom_id"),
-            "response": response, "error": error, "finished_at": time.time()}
+            "response": response, "error": error}
 
 
 def failed(line: dict) -> bool:

@@ -57,7 +57,9 @@ class LocalTarget:
         except LookupError:  # a name this target does not serve: the row's error
             raise
         except Exception as exc:
-            if type(exc).__name__ == "ModelUnavailable":  # the memory budget is held by busy models: later
+            from mlx_nb.engine.registry import ModelUnavailable  # raised by a local engine: MLX is loaded
+
+            if isinstance(exc, ModelUnavailable):  # the memory budget is held by busy models: later
                 raise Interrupted(str(exc)) from None
             raise ModelLoadFailure(f"model {model or 'default'} cannot be loaded: {exc}") from None
         engine, name, adapter = (*found, None)[:3]
@@ -111,7 +113,9 @@ async def run_row(row: dict, target, job_id: str, source: str, on_handles: Calla
     except (LookupError, ValueError) as exc:
         return output_line(row, 400, None, {"code": "invalid_request", "message": str(exc)})
     except RuntimeError as exc:
-        if type(exc).__name__ == "EngineClosedError":  # closed between looking it up and submitting
+        from mlx_nb.engine.loop import EngineClosedError
+
+        if isinstance(exc, EngineClosedError):  # closed between looking it up and submitting
             raise Interrupted(str(exc)) from None
         raise
     if any(r.finish_reason == "abort" for r in results):

@@ -136,7 +136,7 @@ def shape(inputs: Any, lines: list[dict], schema: Any, out: str = "answer"):
     """The map's result: MapResults aligned with the rows, or for a DataFrame a copy with the answer's
     columns (the schema's fields, else `out`), `error`, `prompt_tokens` and `completion_tokens`."""
     by_row = {line["row"]: line for line in lines}
-    total = len(row_fields(inputs)) if not hasattr(inputs, "__len__") else len(inputs)
+    total = len(inputs)
     answers, errors, usages = [], {}, []
     for i in range(total):
         line = by_row.get(i)
