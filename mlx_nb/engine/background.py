@@ -9,9 +9,9 @@ submit, as an interactive request does: they wait here, and between two steps th
   batch's cache is extended once, not once per row; on the default model a 2,000-row job runs ~25%
   faster in waves than row by row (bench/jobs.py). Room left unused for `WAVE_WAIT_S` (a long row
   still running) is filled without waiting for the wave; yielded rows come back without waiting.
-- When an interactive request arrives, every background row *yields*: the runner takes it out of
-  the batch with its cache (`Parked`) and puts it back, exactly where it stopped, when there is room
-  again; its text stream, constraint state and budget go on as if it had never left. With no
+- When an interactive request arrives, every background row *yields*, decoding or still reading its
+  prompt: the runner takes it out of the batch with its cache (`Parked`) and puts it back, exactly
+  where it stopped, when there is room again; its text stream, constraint state and budget go on as if it had never left. With no
   background row left, the step they had under way is dropped rather than finished, so the request
   starts at the next step.
 - A job is never starved: once interactive rows have held the batch for `STARVED_S` while the job
@@ -36,12 +36,15 @@ WAVE_WAIT_S = 2.0  # room left unused this long: waiting rows join without waiti
 
 @dataclass
 class Parked:
-    """A background row taken out of the batch mid-answer: its tokens (prompt and answer so far) and
-    its cache of all but the last, which it resumes from (decode.Generator.park)."""
+    """A background row taken out of the batch (decode.Generator.park): its cache, the tokens that
+    cache holds, and the prompt segments it has still to read when it comes back (a decoding row:
+    its last token)."""
 
     live: object
-    cache: list
+    cache: Optional[list]
     tokens: list
+    rest: list
+    decoding: bool = True
 
 
 class BackgroundLane:

@@ -334,29 +334,43 @@ class Generator(BatchGenerator):
         return super()._make_batch(max(0, min(n, room)))
 
     def park(self, uids: list[int]) -> dict:
-        """Take decoding rows out of the batch, keeping what resumes them exactly: {uid: (cache, the
-        tokens it holds)}, the last reported token taken back out of the cache. Put back with that
-        token as its one-token prompt, a row recomputes it and samples on from there: the token it
-        had sampled but not reported yet is sampled again (the same one, greedily), its logits
-        processors see the tokens they saw. Rows not decoding yet are left alone; a cache that cannot
-        be cut back (SSM state, a wrapped window) never yields."""
+        """Take rows out of the batch, keeping what resumes them exactly: {uid: (cache, the tokens it
+        holds, the prompt segments still to read)}; put back with those segments, a row goes on as
+        if it had never left.
+
+        - A decoding row gives back its last reported token (taken out of its cache): that token is
+          its one-token prompt, recomputed, and the row samples on from there; the token it had
+          sampled but not reported yet is sampled again (the same one, greedily), its logits
+          processors see the tokens they saw.
+        - A row still reading its prompt keeps the part it has read (its cache) and the rest to read.
+        - A row not started keeps whatever it was inserted with.
+        A cache that cannot be cut back (SSM state, a wrapped window) never yields: then no row does."""
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         from mlx_nb.engine.upstream import extracted
 
-        wanted = set(uids)
-        decoding = [u for u in self._generation_batch.uids if u in wanted]
-        if not decoding:
+        where = self._find_uids(uids)
+        if not where:
             return {}
-        found = self.extract_cache(decoding)
+        found = self.extract_cache(list(where))
+        decoding = [u for u, (stage, _) in where.items() if stage == 2]
         if not all(can_trim_prompt_cache(extracted(found, uid)[0]) for uid in decoding):
             return {}  # checked before any row leaves: such rows stay in the batch
-        self.remove(decoding)
+        rest = {}
+        for uid, (stage, i) in where.items():
+            if stage == 0:
+                rest[uid] = [list(s) for s in self._unprocessed_sequences[i][1]]
+            elif stage == 1:
+                rest[uid] = [list(s) for s in self._currently_processing[i][0] if len(s)]
+        self.remove(list(where))
         out = {}
-        for uid in decoding:
+        for uid in where:
             cache, tokens = extracted(found, uid)
-            trim_prompt_cache(cache, 1)
-            out[uid] = (cache, tokens)
+            if uid in rest:
+                out[uid] = (cache, tokens, rest[uid])
+            else:
+                trim_prompt_cache(cache, 1)
+                out[uid] = (cache, tokens[:-1], [tokens[-1:]])
         return out
 
     def __init__(self, model, speculation: Optional[PromptLookup] = None, **kwargs):

@@ -16,7 +16,9 @@ wait matters as much as the running streams' pace: the step time stretches with 
 `MAX_STRETCH` x `budget_s`. With nothing decoding, nobody is waiting on a stream, so prompts are
 read in full `max_chunk` chunks, the fastest way through, unless the batch holds only a dataset
 job's rows (engine/background.py): an interactive request arriving then waits for the step under
-way, so their prompts are read in steps of about `BACKGROUND_STEP_S`.
+way, so their prompts are read in steps of about `BACKGROUND_STEP_S`, from a wave's first step on
+and down to one token a row (reading is compute-bound on the CPU: 32 rows of 1–3 tokens a step read
+as fast per token as whole prompts, bench/jobs.py).
 """
 
 from __future__ import annotations
@@ -45,19 +47,20 @@ class PrefillPacer:
         decoding rows, the requests waiting for their first token, and the rows about to read;
         `background`: the batch holds only job rows."""
         if background and self.budget_s is not None:
-            return self._paced(step_s, read_tokens, rows, BACKGROUND_STEP_S)
+            return self._paced(step_s, read_tokens, rows, BACKGROUND_STEP_S, min_chunk=1)
         if self.budget_s is None or decoding == 0:
             self.tokens = None
             self.chunk = self.max_chunk
             return self.chunk
         return self._paced(step_s, read_tokens, rows, self.budget_s * min(MAX_STRETCH, max(1.0, waiting / decoding)))
 
-    def _paced(self, step_s: float, read_tokens: int, rows: int, target_s: float) -> int:
+    def _paced(self, step_s: float, read_tokens: int, rows: int, target_s: float, min_chunk: Optional[int] = None) -> int:
         rows = max(rows, 1)
+        min_chunk = self.min_chunk if min_chunk is None else min_chunk
         if self.tokens is None or read_tokens == 0:  # no measurement: (back to) a probe
             self.tokens = min(self.tokens or PROBE_TOKENS, PROBE_TOKENS)
         else:
             scale = min(MAX_GROWTH, max(MAX_SHRINK, target_s / max(step_s, 1e-6)))
-            self.tokens = int(min(self.max_chunk * rows, max(self.min_chunk, self.tokens * scale)))
-        self.chunk = int(min(self.max_chunk, max(self.min_chunk, self.tokens // rows)))
+            self.tokens = int(min(self.max_chunk * rows, max(min_chunk, self.tokens * scale)))
+        self.chunk = int(min(self.max_chunk, max(min_chunk, self.tokens // rows)))
         return self.chunk

@@ -131,11 +131,18 @@ class BatchRunner:
         background = [lv for lv in self.by_uid.values() if lv.extra.get("job")]
         interactive = len(self.by_uid) - len(background)
         room = self.lane.room(interactive, len(background), self.max_batch, time.monotonic())
-        if room < 0 and self.yieldable:
-            self._yield([lv for lv in background if lv.phase == "decode"][room:])
+        if room < 0 and self.yieldable:  # rows furthest from their answer yield first
+            self._yield(sorted(background, key=lambda lv: lv.phase == "decode")[:-room])
         if not interactive and background and room < self.lane.wave(self.max_batch, room, time.monotonic()):
             return  # the next wave joins when the batch has room for it
-        self._start(self.lane.take(max(0, room)))
+        rows = self.lane.take(max(0, room))
+        self._start(rows)
+        if rows and not interactive and not self.sequential:
+            # a wave into a batch of job rows alone: its prompts are read in paced steps from the
+            # first (engine/pacing.py), or a chat arriving would wait for all of them at once
+            waiting = sum(1 for lv in self.by_uid.values() if lv.phase in ("queued", "prefill"))
+            self._bg.prefill_step_size = self.pacer.next_chunk(0.0, 0, len(self.decoding), waiting,
+                                                               rows=min(waiting, self.prefill_batch), background=True)
 
     def _start(self, rows: list) -> None:
         """Rows from the lane into the batch; one that cannot start ends with its error, alone."""
@@ -152,36 +159,40 @@ class BatchRunner:
                 "yielded": self.lane.yielded, "rows_under_load": self.lane.under_load, "can_yield": self.yieldable}
 
     def _yield(self, lives: list[LiveRequest]) -> None:
-        """Background rows leave the batch with their cache (decode.Generator.park)."""
+        """Background rows leave the batch with their cache (decode.Generator.park), wherever they are:
+        decoding, reading their prompt, or not started."""
         if not lives:
             return
         parked = self._bg.park([lv.uid for lv in lives])
         for live in lives:
             if live.uid not in parked:
                 continue
-            cache, tokens = parked[live.uid]
+            cache, tokens, rest = parked[live.uid]
             self.by_uid.pop(live.uid, None)
+            was_decoding = live.phase == "decode"
             live.phase = "parked"
             self._left(live)
-            self.lane.park(Parked(live, cache, tokens))
+            self.lane.park(Parked(live, cache, tokens, rest, was_decoding))
         self.events.publish("filter", self.steps, [lv.id for lv in lives if lv.phase == "parked"], reason="yield",
                             batch_size=len(self.decoding))
 
     def _resume(self, parked: Parked) -> None:
-        """A yielded row back in the batch: its last token is its one-token prompt, read against its
-        cache, and it decodes on from there."""
+        """A yielded row back in the batch: it reads what it had left to read (a decoding row: its last
+        token, as a one-token prompt) against its cache, and goes on from there."""
         live = parked.live
         if live.handle.done:
             return
         remaining = live.request.sampling.max_tokens - live.generated
-        (uid,) = self._bg.insert_segments(segments=[[parked.tokens[-1:]]], max_tokens=[remaining],
-                                          caches=[parked.cache], all_tokens=[parked.tokens[:-1]],
+        (uid,) = self._bg.insert_segments(segments=[parked.rest], max_tokens=[remaining],
+                                          caches=[parked.cache], all_tokens=[parked.tokens],
                                           samplers=[self._sampler(live)], logits_processors=[live.extra["procs"]])
         live.uid = uid
-        live.phase = "queued"  # decoding again once its one-token prompt is read (_on_prompt)
+        live.phase = "queued"  # decoding (again) once what it has left to read is read (_on_prompt)
+        if not parked.decoding:  # its prompt's progress counts on from the part it had read
+            live.prefilled = live.extra["prefill_start"] = len(parked.tokens)
         self.by_uid[uid] = live
         self.events.publish("insert", self.steps, [live.id], prompt_tokens=len(live.prompt_tokens),
-                            cached_tokens=len(parked.tokens) - 1, resumed=True, source=live.extra.get("source"),
+                            cached_tokens=len(parked.tokens), resumed=True, source=live.extra.get("source"),
                             label=live.extra.get("label"), job=live.extra.get("job"))
 
     # -- admission ---------------------------------------------------------------------------

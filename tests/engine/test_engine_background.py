@@ -17,8 +17,8 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "name": {"
           "required": ["ok", "name"]}
 
 
-def job_rows(eng, n, job="j1", max_tokens=32, offset=0):
-    return [eng.submit(messages=[{"role": "user", "content": f"row {offset + i}: tell me about item {i * 13}"}],
+def job_rows(eng, n, job="j1", max_tokens=32, offset=0, padding=""):
+    return [eng.submit(messages=[{"role": "user", "content": f"{padding}row {offset + i}: tell me about item {i * 13}"}],
                        max_tokens=max_tokens, temperature=0.0, job=job,
                        constraint=Constraint("json_schema", SCHEMA) if i % 2 else None) for i in range(n)]
 
@@ -34,13 +34,21 @@ def wait_for(cond, timeout=60.0):
         time.sleep(0.002)
 
 
-def run(model, interrupt, kv_bits=None):
+def reading(eng) -> int:
+    return sum(1 for r in eng.status()["requests"] if r["phase"] == "prefill")
+
+
+def run(model, interrupt, kv_bits=None, long_prompts=False):
+    """Six job rows, alone or interrupted by three chats once they decode (or, with `long_prompts`,
+    while they are still reading their prompts, 16 tokens a step)."""
+    padding = " ".join(f"word{i}" for i in range(120)) + ". " if long_prompts else ""
     with Engine(model, max_batch=6, job_rows_under_load=1, prefix_cache=False, speculation=False, kv_bits=kv_bits,
+                prefill_step_size=16 if long_prompts else 512, prefill_budget_s=None if long_prompts else 0.25,
                 wait=True) as eng:
-        rows = job_rows(eng, 6)
+        rows = job_rows(eng, 6, padding=padding)
         chats = []
         if interrupt:
-            wait_for(lambda: decoding(eng) == 6)
+            wait_for((lambda: reading(eng) >= 3) if long_prompts else (lambda: decoding(eng) == 6))
             for k in range(3):
                 chats.append(eng.submit(messages=[{"role": "user", "content": f"hello {k}"}], max_tokens=12,
                                         temperature=0.0))
@@ -48,7 +56,12 @@ def run(model, interrupt, kv_bits=None):
         out = [(h.result().token_ids, h.result().finish_reason) for h in rows]
         for c in chats:
             assert c.result().finish_reason in ("stop", "length")
-        yields = [e for e in eng.events() if e["kind"] == "filter" and e["detail"].get("reason") == "yield"]
+        events = eng.events()
+        yields = [e for e in events if e["kind"] == "filter" and e["detail"].get("reason") == "yield"]
+        if long_prompts and interrupt:  # they yielded before any of them had read its whole prompt
+            ids = {h.id for h in rows}
+            started = [e["seq"] for e in events if e["kind"] == "extend" and set(e["requests"]) & ids]
+            assert yields and yields[0]["seq"] < min(started)
         return out, yields, eng.status()["background"]["can_yield"]
 
 
@@ -70,6 +83,34 @@ def test_a_yielded_row_resumes_token_for_token(model, kv_bits, yields_expected):
     else:
         assert not yields
     assert interrupted == alone
+
+
+@pytest.mark.parametrize("model,kv_bits", [("tiny-llama", None), ("tiny-llama", 8), ("tiny-qwen3-think", None)])
+def test_a_row_yielding_while_it_reads_its_prompt_resumes_token_for_token(model, kv_bits):
+    """An interactive request arriving while a wave of job rows reads long prompts does not wait for
+    the wave: the rows leave with the part of the prompt they have read and read on from there later."""
+    alone, _, _ = run(model, interrupt=False, kv_bits=kv_bits, long_prompts=True)
+    interrupted, yields, can_yield = run(model, interrupt=True, kv_bits=kv_bits, long_prompts=True)
+    assert can_yield and sum(len(e["requests"]) for e in yields) >= 5
+    assert interrupted == alone
+
+
+def test_a_wave_of_job_rows_reads_its_prompts_in_paced_steps_from_the_first():
+    """A chat arriving while a wave reads its prompts waits for one step, not for the whole wave's
+    prompts: the wave's first step reads a part of each prompt (engine/pacing.py), not all of it."""
+    padding = " ".join(f"word{i}" for i in range(150)) + ". "
+    with Engine("tiny-llama", max_batch=8, prefix_cache=False, wait=True) as eng:
+        since = eng.events()[-1]["seq"] if eng.events() else 0
+        rows = job_rows(eng, 8, padding=padding, max_tokens=4)
+        for h in rows:
+            h.result()
+        firsts = {}
+        for e in eng.events(since):
+            if e["kind"] == "prefill":
+                for rid in e["requests"]:
+                    firsts.setdefault(rid, e["detail"])
+        assert set(firsts) == {h.id for h in rows}
+        assert all(d["done"] < d["total"] // 4 for d in firsts.values()), firsts
 
 
 def test_interactive_rows_go_ahead_of_queued_job_rows_and_job_rows_yield_to_them():
@@ -190,6 +231,6 @@ def test_a_wave_waits_for_room_but_not_for_ever_and_yielded_rows_never_wait():
     assert lane.wave(32, room=5, now=100.0 + WAVE_WAIT_S / 2) == 32
     assert lane.wave(32, room=5, now=100.0 + WAVE_WAIT_S) == 1  # room unused this long: fill it now
     assert lane.wave(32, room=0, now=200.0) == 32  # a full batch starts the clock again
-    lane.park(Parked(SimpleNamespace(id="p", extra={"job": "j"}, handle=SimpleNamespace(done=False)), [], [1, 2]))
+    lane.park(Parked(SimpleNamespace(id="p", extra={"job": "j"}, handle=SimpleNamespace(done=False)), [], [1], [[2]]))
     assert lane.wave(32, room=1, now=200.0) == 1  # a yielded row comes back as soon as there is room
     assert [getattr(r, "live", r).id for r in lane.take(3)] == ["p", "r0", "r1"]
