@@ -63,7 +63,7 @@ def as_route_reads(engine, texts: list[str]) -> list:
     schema's JSON instruction and constraint): the job's own workload, sent as interactive chats."""
     from mlx_nb.api import ServerDefaults
     from mlx_nb.api.routes import CHAT, serving_for
-    from mlx_nb.engine.submit_request import SubmitRequest
+    from mlx_nb.engine import SubmitRequest
     from mlx_nb.jobs.tables import map_rows
 
     serving = serving_for(engine, MODEL, ServerDefaults())

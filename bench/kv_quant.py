@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache
 
-from mlx_nb.engine.kv_quant import BatchQuantizedKV
+from mlx_nb.engine.caches.kv_quant import BatchQuantizedKV
 from mlx_nb.models import load_model
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "engine"))

@@ -54,7 +54,7 @@ def perplexity(loaded, ids: list[int]) -> float:
 
 def continuations(loaded, max_tokens: int = 40) -> list[str]:
     from mlx_nb.compat.reference import reply_tokens
-    from mlx_nb.engine.prompts import encode_prompt, render_chat
+    from mlx_nb.engine import encode_prompt, render_chat
 
     out = []
     for p in PROMPTS:

@@ -154,7 +154,7 @@ def copy_runs(context: list[int], answer: list[int], width: int, lookup: bool) -
     """Tokens per verifying step of `width` (the pending token and width - 1 guesses) over `answer`,
     had every step verified: with this project's lookup (`lookup`), or with the best guess any prompt
     lookup could make (the longest run of the answer's next tokens found anywhere before them)."""
-    from mlx_nb.engine.speculation import propose
+    from mlx_nb.engine.speculation.prompt_lookup import propose
 
     i = steps = 0
     while i < len(answer):

@@ -22,7 +22,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 import mlx_nb  # noqa: E402,F401  (preloads the fast BLAS before MLX)
-from mlx_nb.engine import constrained  # noqa: E402
+from mlx_nb.engine.sampling import constrained  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 ROWS, BUDGET, REPS = 8, 96, 5

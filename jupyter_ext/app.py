@@ -22,7 +22,8 @@ from jupyter_ext import batches, control, handlers, metrics, monitor
 from jupyter_ext.headless import ModelServerApp
 from jupyter_ext.kernel_env import KernelEnv, KernelPort, direct_url
 from jupyter_ext.keys import KEY_FILE, Keys, load_or_create_key
-from mlx_nb.engine.prefix_disk import default_folder
+from jupyter_ext.settings import EngineTraits, engine_kwargs
+from mlx_nb.engine import default_prefix_folder as default_folder
 from mlx_nb.models.sources import DEFAULT_MODEL
 
 ROUTES = [
@@ -51,8 +52,11 @@ ROUTES = [
 ]
 
 
-class MLXExtension(ExtensionApp):
-    """`c.MLXExtension.*` configures the engine; `jupyter mlx` runs a server with only this extension."""
+class MLXExtension(EngineTraits, ExtensionApp):
+    """`c.MLXExtension.*` configures the engine; `jupyter mlx` runs a server with only this extension.
+
+    The engine's settings (max_batch, kv_bits, ...) are EngineConfig's, inherited from EngineTraits
+    (jupyter_ext/settings.py); the traits below are the server's own."""
 
     name = "mlx"
     description = "One shared, continuously batched MLX engine behind an OpenAI/Anthropic-compatible route."
@@ -84,73 +88,24 @@ class MLXExtension(ExtensionApp):
     keep_alive_s = Float(
         300.0, help="A model other than the default is unloaded once idle for this many seconds.",
     ).tag(config=True)
-    quantize = Int(
-        None, allow_none=True,
-        help="Quantize a float checkpoint to 4 or 8 bits at load, for the CPU kernels (None: $MLX_NB_QUANTIZE, else "
-        "keep it float). Quantized checkpoints (GGUF, mlx-community 4/8-bit) run as shipped either way.",
-    ).tag(config=True)
-    speculation = Bool(
-        True, help="Greedy rows of a small batch verify prompt-lookup guesses (tokens that repeat what the "
-        "conversation holds), when the measured step times say it pays; the tokens are the same either way.",
-    ).tag(config=True)
     draft_models = Dict(
         value_trait=Unicode(),
         help="Per model, as requests name it or by its source: a draft model of the same tokenizer (a name, folder "
         "or GGUF) whose greedy guesses the model verifies in the batch, instead of prompt lookup's; the tokens "
         "stay the model's own. A draft that cannot serve is left out, its reason in the model's status.",
     ).tag(config=True)
-    kv_bits = Int(
-        None, allow_none=True,
-        help="Quantize each request's keys and values to 8 or 4 bits (None: float): half the KV memory or less, "
-        "rows still batched. A model that cannot hold them keeps float ones and its status says why.",
-    ).tag(config=True)
-    kv_group_size = Int(64, help="Values sharing one scale and bias in the quantized KV cache: 32, 64 or 128.").tag(
-        config=True)
     model_kv_bits = Dict(
         value_trait=Int(),
         help="Per model, as requests name it or by its source: 8, 4 or 0 (float), over kv_bits for that model.",
-    ).tag(config=True)
-    max_batch = Int(32, help="Most requests decoded together in one batch.").tag(config=True)
-    prefill_batch = Int(
-        32, help="Most requests whose prompts are read together in one prefill step (padded to the longest chunk)."
-    ).tag(config=True)
-    prefill_step_size = Int(512, help="Most prompt tokens a request reads per prefill chunk.").tag(config=True)
-    prefill_budget_s = Float(
-        0.25, allow_none=True,
-        help="While requests decode, prefill chunks shrink so a step takes about this long (None: never shrink).",
-    ).tag(config=True)
-    prefix_cache = Bool(True, help="Reuse cached prompt prefixes across requests and turns.").tag(config=True)
-    prefix_cache_bytes = Int(
-        None, allow_none=True, help="Byte budget of the prompt-prefix cache (None: the engine's default)."
     ).tag(config=True)
     prefix_cache_dir = Unicode(
         None, allow_none=True,
         help="Folder where the prefix cache is also kept, so a restarted server skips prompts it read before "
         "(None: $MLX_NB_PREFIX_CACHE_DIR, else $MLX_NB_HOME/prefix-cache; '': memory only).",
     ).tag(config=True)
-    prefix_cache_disk_bytes = Int(
-        None, allow_none=True,
-        help="Byte budget of the prefix cache on disk (None: 4 GiB, or a tenth of the free space if less).",
-    ).tag(config=True)
-    memory_limit = Int(
-        None, allow_none=True,
-        help="Bytes of memory the engine may use (MLX's limit; prefix-cache entries are evicted past it). None: no limit.",
-    ).tag(config=True)
-    buffer_cache_bytes = Int(
-        None, allow_none=True,
-        help="Most freed buffers MLX keeps for reuse while serving (emptied when idle). None: the engine's default.",
-    ).tag(config=True)
     image_roots = List(
         Unicode(), help="Directories local image paths may come from (empty: the server's root_dir)."
     ).tag(config=True)
-    allow_remote_images = Bool(False, help="Let requests fetch images from http(s) URLs.").tag(config=True)
-    allow_private_image_hosts = Bool(
-        False, help="Let remote images come from loopback, private, link-local or reserved addresses too."
-    ).tag(config=True)
-    max_image_bytes = Int(20 * 2**20, help="Largest image (encoded bytes) a request may send or reference.").tag(
-        config=True
-    )
-    max_image_pixels = Int(40_000_000, help="Largest image (width x height) a request may send.").tag(config=True)
     max_body_bytes = Int(
         32 * 2**20, help="Largest request body the mlx routes accept (413 above); fits one base64 max-size image."
     ).tag(config=True)
@@ -194,11 +149,6 @@ class MLXExtension(ExtensionApp):
     ).tag(config=True)
     metrics_unauthenticated = Bool(
         False, help="Serve mlx/v1/metrics without the mlx API key (for a local Prometheus scraper).",
-    ).tag(config=True)
-    job_rows_under_load = Int(
-        1, help="A dataset job's minimum share: the batch slots its rows get beside interactive requests once those "
-        "have held the batch alone for a second (job rows yield to an arriving request and resume after): higher "
-        "finishes jobs sooner under load, lower keeps long chats closer to their idle speed.",
     ).tag(config=True)
     max_file_bytes = Int(
         100 * 2**20, help="Largest file mlx/v1/files accepts (a batch's JSONL); 413 above.",
@@ -291,9 +241,9 @@ class MLXExtension(ExtensionApp):
             return self.engine
 
     def _registry(self):
-        """The models besides the default one that requests may name (engine/registry.py)."""
-        from mlx_nb.engine.memory import default_prefix_budget
-        from mlx_nb.engine.registry import ModelRegistry, adapters_from, entries_from
+        """The models besides the default one that requests may name (mlx_nb/registry.py)."""
+        from mlx_nb.engine import default_prefix_budget
+        from mlx_nb.registry import ModelRegistry, adapters_from, entries_from
 
         def make_engine(source: str):
             from mlx_nb.engine import Engine
@@ -323,7 +273,7 @@ class MLXExtension(ExtensionApp):
         from mlx_nb.jobs.store import Store
 
         def engine_for(model: Optional[str]):
-            from mlx_nb.engine.registry import split_adapter
+            from mlx_nb.registry import split_adapter
 
             base, adapter = split_adapter(model)
             engine = self.registry.engine_for(base) if self.registered(base) else self.start_engine()
@@ -346,7 +296,7 @@ class MLXExtension(ExtensionApp):
         return JobManager(store, target, source="job: batch")
 
     def _memory_budget(self) -> int:
-        from mlx_nb.engine.memory import physical_memory
+        from mlx_nb.engine import physical_memory
 
         return self.memory_budget if self.memory_budget is not None else physical_memory() * 3 // 4
 
@@ -397,7 +347,7 @@ class MLXExtension(ExtensionApp):
 
     @validate("kv_bits", "kv_group_size", "model_kv_bits")
     def _valid_kv(self, proposal):
-        from mlx_nb.engine.kv_quant import KVQuantization
+        from mlx_nb.engine import KVQuantization
 
         value, name = proposal["value"], proposal["trait"].name
         settings = {"kv_bits": lambda: [(value, self.kv_group_size)], "kv_group_size": lambda: [(8, value)],
@@ -416,28 +366,12 @@ class MLXExtension(ExtensionApp):
         for name in names:
             kv_bits = self.model_kv_bits.get(name, kv_bits)
             draft = self.draft_models.get(name, draft)
-        return dict(
+        return engine_kwargs(
+            self,
             draft_model=draft,
             kv_bits=kv_bits or None,
-            kv_group_size=self.kv_group_size,
-            quantize=self.quantize,
-            speculation=self.speculation,
-            max_batch=self.max_batch,
-            prefill_batch=self.prefill_batch,
-            prefill_step_size=self.prefill_step_size,
-            prefill_budget_s=self.prefill_budget_s,
-            prefix_cache=self.prefix_cache,
-            prefix_cache_bytes=self.prefix_cache_bytes,
             prefix_cache_dir=(self.prefix_cache_dir if self.prefix_cache_dir is not None else default_folder()) or None,
-            prefix_cache_disk_bytes=self.prefix_cache_disk_bytes,
-            memory_limit=self.memory_limit,
-            buffer_cache_bytes=self.buffer_cache_bytes,
             image_roots=list(self.image_roots) or [self.serverapp.root_dir],
-            allow_remote_images=self.allow_remote_images,
-            allow_private_image_hosts=self.allow_private_image_hosts,
-            max_image_bytes=self.max_image_bytes,
-            max_image_pixels=self.max_image_pixels,
-            job_rows_under_load=self.job_rows_under_load,
         )
 
     async def stop_extension(self):

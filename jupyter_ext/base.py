@@ -30,8 +30,8 @@ from mlx_nb.api import (
     request_too_large,
     server_error,
 )
-from mlx_nb.engine.registry import ModelUnavailable
-from mlx_nb.engine.types import RequestError
+from mlx_nb.engine import RequestError
+from mlx_nb.registry import ModelUnavailable
 
 RETRY_AFTER_S = 2
 MISSING_KEY = ("missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key') with an mlx API "

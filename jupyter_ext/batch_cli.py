@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Optional
 
 from jupyter_core.application import JupyterApp
-from traitlets import Int, Unicode
+from traitlets import Unicode
+
+from jupyter_ext.settings import EngineTraits, engine_kwargs
 
 
-class BatchApp(JupyterApp):
+class BatchApp(EngineTraits, JupyterApp):
+    """The engine's settings are EngineConfig's (`--BatchApp.kv_bits=8`, `--max-batch 16`), as the server's."""
+
     name = "jupyter-mlx-batch"
     description = "Run an OpenAI batch file (JSONL) through the engine offline, resumably."
     aliases = {"i": "BatchApp.input", "input": "BatchApp.input", "o": "BatchApp.output",
@@ -31,7 +35,6 @@ class BatchApp(JupyterApp):
         config=True)
     model = Unicode("", help="The model for lines whose body names none (default: the built-in default).").tag(
         config=True)
-    max_batch = Int(32, help="Most requests decoded together.").tag(config=True)
 
     def start(self):
         if not self.input or not self.output:
@@ -40,7 +43,7 @@ class BatchApp(JupyterApp):
             data = Path(self.input).read_bytes()
         except OSError as exc:
             self.exit_with(2, f"jupyter mlx batch: cannot read {self.input}: {exc.strerror}")
-        summary = run_file(data, Path(self.output), self.model or None, self.max_batch)
+        summary = run_file(data, Path(self.output), self.model or None, engine_kwargs(self))
         print(f"jupyter mlx batch: {summary['completed']} results, {summary['failed']} errors -> {self.output}",
               file=sys.stderr)
 
@@ -49,9 +52,10 @@ class BatchApp(JupyterApp):
         self.exit(code)
 
 
-def run_file(data: bytes, output: Path, model: Optional[str] = None, max_batch: int = 32,
+def run_file(data: bytes, output: Path, model: Optional[str] = None, settings: Optional[dict] = None,
              progress: bool = True) -> dict:
-    """Run (or resume) the batch in `data`, write `output`; the request counts."""
+    """Run (or resume) the batch in `data`, write `output`; the request counts. `settings`: the
+    engines' (EngineConfig's, by name)."""
     from mlx_nb.engine import Engine
     from mlx_nb.jobs.lines import BatchInputError, parse_input, public
     from mlx_nb.jobs.manager import JobManager
@@ -71,7 +75,7 @@ def run_file(data: bytes, output: Path, model: Optional[str] = None, max_batch: 
         name = name or model or DEFAULT_MODEL
         with making:
             if name not in engines:
-                engines[name] = Engine(name, max_batch=max_batch)
+                engines[name] = Engine(name, **(settings or {}))
             return engines[name], name
 
     manager = JobManager(Store(), LocalTarget(engine_for), source="job: jupyter mlx batch")

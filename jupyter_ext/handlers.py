@@ -31,8 +31,8 @@ from jupyter_ext.proxy import ProxyMixin
 from mlx_nb.api import (
     APIError,
     count_tokens_kwargs,
-    model_card,
     invalid_request,
+    model_card,
     model_not_found,
     models_list,
     not_found,
@@ -42,11 +42,10 @@ from mlx_nb.api import (
 )
 from mlx_nb.api.forced_tools import enforced
 from mlx_nb.api.routes import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Admitted, Route, Serving, serving_for
-from mlx_nb.engine.images import prefetch_remote_images
-from mlx_nb.engine.registry import keep_alive_seconds, split_adapter
+from mlx_nb.engine import SubmitRequest, prefetch_remote_images
 from mlx_nb.models.adapters import AdapterError
 from mlx_nb.models.progress import describe
-from mlx_nb.engine.submit_request import SubmitRequest
+from mlx_nb.registry import keep_alive_seconds, split_adapter
 
 SSE = "text/event-stream; charset=utf-8"
 

@@ -3,7 +3,7 @@
 Read when scraped, from what the server and the engine already count: requests by route and
 outcome (counted here, as each response finishes), prompt and generated tokens, the batch's size,
 the queue, requests being prefilled, time-to-first-token and inter-token latency histograms (the
-engine's, `engine/latency.py`), prefix-cache hits, stored tokens and bytes, and memory; every
+engine's, `engine/scheduling/latency.py`), prefix-cache hits, stored tokens and bytes, and memory; every
 series carries the served model's name. Behind the mlx API key like the other routes;
 `MLXExtension.metrics_unauthenticated` opens it to a local scraper without one.
 """
@@ -86,7 +86,7 @@ class EngineCollector:
         yield gauge("mlx_batch_size", "Requests decoding in the batch now", status.get("batch_size", 0))
         yield gauge("mlx_queue_length", "Requests waiting to start", status.get("queue_length", 0))
         yield gauge("mlx_prefilling", "Requests whose prompt is being read", status.get("prefilling", 0))
-        lane = status.get("background") or {}  # dataset jobs' rows (engine/background.py)
+        lane = status.get("background") or {}  # dataset jobs' rows (engine/scheduling/background.py)
         yield counter("mlx_job_rows", "Dataset job rows finished", lane.get("rows_done", 0))
         yield counter("mlx_job_rows_yielded", "Times a job row left the batch for interactive requests",
                       lane.get("yielded", 0))

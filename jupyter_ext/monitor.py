@@ -17,7 +17,7 @@ from tornado.iostream import StreamClosedError
 from jupyter_ext.base import RETRY_AFTER_S, MLXHandler
 from jupyter_ext.proxy import ProxyMixin, remote_status
 from mlx_nb.api import invalid_request, not_found, sse_comment, sse_event
-from mlx_nb.engine.types import RequestError
+from mlx_nb.engine import RequestError
 
 KEEPALIVE_S = 15.0  # a comment this often keeps proxies from closing an idle stream
 MAX_BACKLOG = 1000  # events queued for one slow reader before it falls back to the event log

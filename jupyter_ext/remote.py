@@ -26,12 +26,10 @@ from typing import Any, Optional
 
 import httpx
 
-from mlx_nb.api import APIError, DEFAULT_MARKERS
+from mlx_nb.api import DEFAULT_MARKERS, APIError
 from mlx_nb.api.constraint_fields import wire_fields
 from mlx_nb.api.routes import Serving
-from mlx_nb.engine.handle import RequestHandle
-from mlx_nb.engine.submit_request import SubmitRequest
-from mlx_nb.engine.types import Delta, SamplingParams, Usage
+from mlx_nb.engine import Delta, RequestHandle, SamplingParams, SubmitRequest, Usage
 
 UNNAMED = "default_model"  # what mlx_lm.server calls the model it was started with
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop"}

@@ -2,7 +2,7 @@
 tokenizer has one token per byte), for the fill-in-the-middle tests of the engine, route and Lab."""
 
 from mlx_nb.compat.configs import write_tiny
-from mlx_nb.engine.fim import FORMATS
+from mlx_nb.engine.inputs.fim import FORMATS
 from mlx_nb.models.templates import LENIENT_CHATML
 from mlx_nb.models.tiny_tokenizer import special_id, write_tokenizer
 

@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.parse
 
-from mlx_nb.engine import remote_images
+from mlx_nb.engine.inputs import remote_images
 
 PUBLIC_NAME, PUBLIC_IP = "images.example.com", "93.184.216.34"
 INTERNAL_NAME, INTERNAL_IP = "intranet.example.com", "10.0.0.7"

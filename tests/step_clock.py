@@ -1,6 +1,6 @@
 """Speculation's cost model on a steady clock, for tests that check that rows speculate.
 
-Whether a step speculates follows the step times `PromptLookup` measures (engine/speculation.py).
+Whether a step speculates follows the step times `PromptLookup` measures (engine/speculation/prompt_lookup.py).
 On a shared, busy machine a few slow verifying steps can make speculation never pay, and a test
 that counts accepted guesses then fails for a reason that is not the engine's. With this fixture
 the engine's own code runs unchanged but reads times from a clock that advances by a fixed cost
@@ -10,7 +10,7 @@ verifying step of width w the prior slope's 10 * (1 + 0.35 (w - 1)).
 
 import pytest
 
-from mlx_nb.engine import speculation
+from mlx_nb.engine.speculation import prompt_lookup as speculation
 
 PLAIN_S = 0.01
 

@@ -38,7 +38,7 @@ from mlx_nb.api.request_common import (
     stop_list,
 )
 from mlx_nb.api.tool_calls import ToolParser, anthropic_tool_use, split_tool_calls
-from mlx_nb.engine.types import Result, Usage
+from mlx_nb.engine import Result, Usage
 
 __all__ = [
     "CountTokensRequest",

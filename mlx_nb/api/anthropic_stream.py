@@ -18,7 +18,7 @@ from typing import Optional
 from mlx_nb.api.anthropic_messages import MessagesRequest, anthropic_usage, stop_reason
 from mlx_nb.api.ids import prefixed_id
 from mlx_nb.api.tool_calls import ToolCallSplitter, ToolParser, anthropic_tool_use
-from mlx_nb.engine.types import Delta, Usage
+from mlx_nb.engine import Delta, Usage
 
 Event = tuple[str, dict]
 

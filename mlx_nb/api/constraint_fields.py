@@ -3,7 +3,7 @@
 OpenAI's `response_format` (json_object / json_schema, `strict` closing every object), llama.cpp's
 `json_schema` and `grammar` (GBNF) and vLLM's `guided_json`, `guided_regex` and `guided_grammar`
 (Lark) all say the same thing in different words; the routes, the Client and the magics read them
-here, and the engine sees only the `Constraint` (engine/constrained.py). `wire_fields` is the way
+here, and the engine sees only the `Constraint` (engine/sampling/constrained.py). `wire_fields` is the way
 back, for a route that relays a request to another OpenAI-compatible server.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from mlx_nb.engine.constrained import Constraint, closed
-from mlx_nb.engine.types import RequestError
+from mlx_nb.engine import Constraint, closed
+from mlx_nb.engine import RequestError
 
 ANY_JSON_OBJECT = {"type": "object"}  # response_format json_object: any object
 

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from mlx_nb.engine.types import ContextOverflowError, RequestError, TooLargeError
+from mlx_nb.engine import ContextOverflowError, RequestError, TooLargeError
 
 # OpenAI puts the kind of error in `type`; Anthropic has its own vocabulary, chosen by status.
 _ANTHROPIC_TYPES = {

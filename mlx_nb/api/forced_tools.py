@@ -1,9 +1,9 @@
 """A `tool_choice` that demands a call ("required", Anthropic's "any", or one named function): the
 reply is held to one call of an allowed function, its arguments to that function's JSON schema,
-in the tool-call markup the server parses back (engine/constrained.py: `tool_call`).
+in the tool-call markup the server parses back (engine/sampling/constrained.py: `tool_call`).
 
 Only a markup whose call is JSON between two markers can be held this way: the generic format
-(engine/generic_tools.py) and mlx_lm's `json_tools` parser (Qwen, Hermes and others). For any other
+(engine/inputs/generic_tools.py) and mlx_lm's `json_tools` parser (Qwen, Hermes and others). For any other
 markup the choice acts as "auto", and `enforced` says so (the routes' `X-MLX-Tool-Choice` header).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 from mlx_nb.api.tool_calls import DEFAULT_MARKERS
-from mlx_nb.engine.constrained import closed, tool_call
-from mlx_nb.engine.types import RequestError
+from mlx_nb.engine import closed, tool_call
+from mlx_nb.engine import RequestError
 
 Forced = Union[bool, str, None]  # True: any of the tools; a name: that one; None: no call demanded
 

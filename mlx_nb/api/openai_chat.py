@@ -13,7 +13,7 @@ reverse). Decisions:
   "required" and a named function hold the reply to one call, its arguments to the function's
   schema, where the tool markup is JSON between markers (api/forced_tools.py); otherwise "auto".
 - `response_format` json_object / json_schema (strict or not: both are enforced) holds the reply to
-  the schema token by token (engine/constrained.py); the format is also said in a system
+  the schema token by token (engine/sampling/constrained.py); the format is also said in a system
   instruction (with the schema), so the model writes content, not just syntax. A reply cut short
   by the budget can still fail to parse: the choice then carries a non-standard `json_error`
   string saying why. llama.cpp's and vLLM's extension fields (`json_schema`, `grammar`,
@@ -51,7 +51,7 @@ from mlx_nb.api.request_common import (
     sampling_kwargs,
 )
 from mlx_nb.api.tool_calls import ToolParser, openai_tool_call, split_tool_calls
-from mlx_nb.engine.types import Result
+from mlx_nb.engine import Result
 
 __all__ = [
     "ChatRequest",

@@ -23,7 +23,7 @@ from mlx_nb.api.openai_common import (
     usage_dict,
 )
 from mlx_nb.api.tool_calls import ToolCallSplitter, ToolParser, openai_tool_call
-from mlx_nb.engine.types import Delta, TokenLogprob
+from mlx_nb.engine import Delta, TokenLogprob
 
 
 class ChatStream:

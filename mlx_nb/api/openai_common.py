@@ -11,7 +11,7 @@ import json
 from typing import Any, Optional
 
 from mlx_nb.api.ids import prefixed_id
-from mlx_nb.engine.types import TokenLogprob, Usage
+from mlx_nb.engine import TokenLogprob, Usage
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
 

@@ -34,7 +34,7 @@ from mlx_nb.api.request_common import (
     generation_kwargs,
     sampling_kwargs,
 )
-from mlx_nb.engine.types import Delta, Result
+from mlx_nb.engine import Delta, Result
 
 
 class StreamOptions(WireModel):

@@ -48,7 +48,7 @@ from mlx_nb.api.request_common import (
     ReasoningFields,
 )
 from mlx_nb.api.tool_calls import ToolParser, split_tool_calls
-from mlx_nb.engine.types import Result, Usage
+from mlx_nb.engine import Result, Usage
 
 log = logging.getLogger("mlx_nb.api")
 

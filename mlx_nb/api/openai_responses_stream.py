@@ -22,7 +22,7 @@ from mlx_nb.api.openai_responses import (
     responses_status,
 )
 from mlx_nb.api.tool_calls import ToolCallSplitter, ToolParser
-from mlx_nb.engine.types import Delta
+from mlx_nb.engine import Delta
 
 Event = tuple[str, dict]
 

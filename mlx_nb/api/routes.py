@@ -27,7 +27,7 @@ from mlx_nb.api.openai_responses import parse_responses_request, responses_engin
 from mlx_nb.api.openai_responses_stream import ResponsesStream
 from mlx_nb.api.request_common import ServerDefaults
 from mlx_nb.api.sse import sse_done, sse_event
-from mlx_nb.engine.types import Delta, Result, Usage
+from mlx_nb.engine import Delta, Result, Usage
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Serving:
     defaults: ServerDefaults = ServerDefaults()
     tool_parser: Any = None
     tool_markers: Optional[tuple[str, str]] = None
-    tool_format: Optional[str] = None  # "template" or "generic" (mlx_nb.engine.generic_tools); None: not known
+    tool_format: Optional[str] = None  # "template" or "generic" (mlx_nb.engine.inputs.generic_tools); None: not known
 
     @property
     def tools(self) -> dict:
@@ -47,7 +47,7 @@ def serving_for(engine, name: str, defaults: ServerDefaults) -> Serving:
     """What a route needs to know of a ready local `engine` serving under `name`: its defaults and
     how its tool calls are written (the chat template's markup, or the generic one)."""
     from mlx_nb.api.tool_calls import DEFAULT_MARKERS
-    from mlx_nb.engine.generic_tools import GENERIC
+    from mlx_nb.engine import GENERIC_TOOLS as GENERIC
 
     fmt = engine.tool_format()
     if fmt == GENERIC:  # tools were inlined in the generic markup: calls come back in it

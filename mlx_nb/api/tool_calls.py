@@ -19,7 +19,7 @@ import json
 from typing import Any, Callable, Optional
 
 from mlx_nb.api.ids import new_call_id
-from mlx_nb.engine.generic_tools import MARKERS
+from mlx_nb.engine import TOOL_MARKERS as MARKERS
 
 ToolParser = Callable[[str, Any], Any]
 DEFAULT_MARKERS = MARKERS  # mlx_lm.tool_parsers.json_tools' markers, which the generic format uses too

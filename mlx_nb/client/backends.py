@@ -34,7 +34,7 @@ def shared_engine(model: str):
     cache is also kept where a server's is (engine/prefix_disk.default_folder): a restarted kernel
     skips the prompts it read before."""
     from mlx_nb.engine import Engine
-    from mlx_nb.engine.prefix_disk import default_folder
+    from mlx_nb.engine import default_prefix_folder as default_folder
 
     with _ENGINES_LOCK:
         eng = _ENGINES.get(model)
@@ -56,7 +56,7 @@ def _engine_request(messages: list, params: dict, adapter: Optional[str] = None)
     """The Client's parameters as the engine's request: an OpenAI `response_format` becomes its
     `Constraint` here, as a route reads it (mlx_nb.api.constraint_fields)."""
     from mlx_nb.api.constraint_fields import constraint_of
-    from mlx_nb.engine.submit_request import SubmitRequest
+    from mlx_nb.engine import SubmitRequest
 
     given = dict(params)
     constraint = constraint_of(response_format=given.pop("response_format", None))
@@ -88,7 +88,7 @@ class _Embedded:
 
     def engine(self, model: Optional[str]):
         """The engine of `model` (of its base model for `model@adapter`: an adapter rides in its batch)."""
-        from mlx_nb.engine.registry import split_adapter
+        from mlx_nb.registry import split_adapter
 
         model = split_adapter(model)[0]
         if self.fixed is None:
@@ -102,7 +102,7 @@ class _Embedded:
         named by the folder) or `base@name` (one already loaded on it); None without one."""
         from pathlib import Path
 
-        from mlx_nb.engine.registry import split_adapter
+        from mlx_nb.registry import split_adapter
         from mlx_nb.models.adapters import is_adapter_dir
 
         spec = split_adapter(model)[1]

@@ -103,7 +103,7 @@ class Client:
         engine of this process. What the backend says it did."""
         if not self.embedded:
             return self._backend.send("DELETE", f"models/{model}", timeout=60.0)
-        from mlx_nb.engine.registry import split_adapter
+        from mlx_nb.registry import split_adapter
 
         if "@" in model:  # an adapter: taken off its model's engine
             engine, name = self._backend.engine(model), backends.adapter_name(split_adapter(model)[1])

@@ -16,8 +16,8 @@ from typing import Callable, Optional
 
 from mlx_nb.compat.reference import reply_tokens
 from mlx_nb.compat.upstream import attribute
-from mlx_nb.engine.batchability import unmergeable as cannot_merge
-from mlx_nb.engine.types import first_line
+from mlx_nb.engine import unmergeable as cannot_merge
+from mlx_nb.engine import first_line
 
 MAX_TOKENS = 8
 PROMPTS = [  # lengths 34, 3, 61, 1, 34 (submitted together), then 12, 45, 20 (late): byte tokens
@@ -75,14 +75,14 @@ class Run:
 
 
 def chat_tokens(loaded, messages: list[dict]) -> list[int]:
-    from mlx_nb.engine.messages import normalize_messages
-    from mlx_nb.engine.prompts import encode_prompt, render_chat
+    from mlx_nb.engine import normalize_messages
+    from mlx_nb.engine import encode_prompt, render_chat
 
     return encode_prompt(loaded.tokenizer, render_chat(loaded.tokenizer, normalize_messages(messages)), chat=True)
 
 
 def expected(loaded) -> Expected:
-    from mlx_nb.engine.prompts import encode_prompt
+    from mlx_nb.engine import encode_prompt
 
     prompts = [encode_prompt(loaded.tokenizer, p, chat=False) for p in PROMPTS]
     rows = [reply_tokens(loaded, p, MAX_TOKENS) for p in prompts]
@@ -240,7 +240,7 @@ def measure(path: str, note: Callable[[str, dict], None] = lambda stage, entry: 
             alone = batched if unmergeable else run_engine(path, "prefill_alone", want)
         entry["checks"]["prefill_alone"] = alone.ok
         _describe(entry["details"], "prefill_alone", alone)
-        if not alone.ok:  # one request at a time, through generate_step (engine/sequential.py)
+        if not alone.ok:  # one request at a time, through generate_step (engine/scheduling/sequential.py)
             note("sequential", entry)
             lane = run_engine(path, "sequential", want)
             entry["checks"]["sequential"] = lane.sequential_ok

@@ -36,17 +36,17 @@ together through mlx-nb's engine, greedy: five at once, three joining while thos
 request aborted mid-decode; then a second chat turn reusing the first turn's cache must equal the
 reference. An architecture is `batched` only if every instance is; otherwise it takes the most
 careful verdict any instance needed, and the `instances` column says how they split. The engine
-decides each model's batching from these files (`mlx_nb/engine/batchability.py`); an
+decides each model's batching from these files (`mlx_nb/engine/batch/batchability.py`); an
 architecture not listed is prefilled one request at a time unless all its caches are plain KV
 caches.
 
 Equal greedy tokens on a few random draws still do not prove a state ignores padding, so a
 `batched` verdict for caches that are not all plain KV caches is checked again at load, on the
 model's own weights: prompts of different lengths prefilled alone and together, first-token
-log-probabilities compared (`mlx_nb/engine/batch_probe.py`); a difference means that model's
+log-probabilities compared (`mlx_nb/engine/batch/batch_probe.py`); a difference means that model's
 prompts are prefilled one at a time, and `status()["policy"]` says so.
 
-Quantized keys and values (`kv_bits` 8 or 4: `mlx_nb/engine/kv_quant.py`) do not change a verdict:
+Quantized keys and values (`kv_bits` 8 or 4: `mlx_nb/engine/caches/kv_quant.py`) do not change a verdict:
 a model's plain KV layers are quantized as rows of the same batch (sliding-window and SSM layers stay
 float), and every architecture listed `batched` or `prefill_alone` with a plain KV layer is swept with
 8-bit rows against mlx_lm's `generate_step` alone with its `QuantizedKVCache`

@@ -2,7 +2,7 @@
 
 Measured by the sweep (`make compat`, `mlx_nb/compat/sweep.py`) and shipped as data, one JSON file
 per package in this folder (`mlx_lm.json`, `mlx_vlm.json`); the engine decides each model's
-batching policy from it (`mlx_nb/engine/batchability.py`) and `docs.py` renders
+batching policy from it (`mlx_nb/engine/batch/batchability.py`) and `docs.py` renders
 docs/compatibility.md from every file here. Schema of a file:
 
     {

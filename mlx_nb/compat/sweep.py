@@ -36,7 +36,7 @@ PACKAGE = "mlx_lm"
 def measure_one(arch: str, instance: str, state: Path, skip: dict) -> None:
     from mlx_nb.compat import checks
     from mlx_nb.compat.configs import INSTANCES, NotTinyError, write_tiny
-    from mlx_nb.engine.types import first_line
+    from mlx_nb.engine import first_line
 
     def note(stage: str, entry: dict) -> None:
         state.write_text(json.dumps({"stage": stage, "entry": entry}))

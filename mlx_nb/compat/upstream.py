@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Union
 
-from mlx_nb.engine.types import first_line
+from mlx_nb.engine import first_line
 
 WHOLE = 1 << 16  # a prefill chunk larger than any prompt: each prompt read in one piece
 RUNS = {  # name -> (prompts prefilled together, prefill chunk)
@@ -34,7 +34,7 @@ def batch_generator_rows(loaded, prompts: list[list[int]], max_tokens: int, pref
     """Greedy rows from mlx_lm's BatchGenerator, all prompts inserted at once; stop tokens dropped."""
     from mlx_lm.generate import BatchGenerator
 
-    from mlx_nb.engine.upstream import responses
+    from mlx_nb.engine import responses
 
     eos = set(loaded.tokenizer.eos_token_ids)
     gen = BatchGenerator(loaded.model, stop_tokens=[[t] for t in eos], prefill_batch_size=prefill_batch,

@@ -82,8 +82,8 @@ def budget(case: Case) -> int:
 
 def reference(loaded, case: Case, max_tokens: int = MAX_TOKENS) -> tuple[list[int], int]:
     """mlx_vlm's greedy tokens for one chat request alone, and its prompt's token count."""
-    from mlx_nb.engine.messages import normalize_messages
-    from mlx_nb.engine.vision import render_vision_prompt
+    from mlx_nb.engine import normalize_messages
+    from mlx_nb.engine import render_vision_prompt
 
     text = render_vision_prompt(loaded, normalize_messages(case.messages))
     return generate_alone(loaded, text, case.images, chat=True, max_tokens=max_tokens)

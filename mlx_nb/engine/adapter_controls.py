@@ -71,16 +71,17 @@ class AdapterControls:
         lora = runner.lora
         return [a.describe() for a in list(lora.adapters.values())] if lora is not None else []
 
-    def _check_adapter(self, name: Optional[str], loaded, extra: dict) -> None:
-        """A request's adapter, checked at submit: loaded on this engine, for a language model.
-        Its rows reuse prefixes only among this adapter load's own (engine/prefix.py)."""
-        if name is None:
-            return
-        lora = self._loop.runner.lora if self._loop.runner is not None else None
-        if loaded.kind == "vision" or lora is None:
-            raise RequestError(f"{self.model_name} takes no adapters (a vision model)", "adapter")
-        if not isinstance(name, str) or name not in lora.adapters:
-            have = ", ".join(sorted(lora.adapters)) or "none"
-            raise RequestError(f"no adapter named {name} is loaded on {self.model_name} (loaded: {have}): load it "
-                               "first (Engine.load_adapter, %mlx load MODEL@ADAPTER)", "adapter")
-        extra["adapter"] = name
+
+def check_adapter(loop, model_name: str, name: Optional[str], loaded, extra: dict) -> None:
+    """A request's adapter, checked at submit: loaded on this engine (`loop`), for a language model.
+    Its rows reuse prefixes only among this adapter load's own (engine/caches/prefix.py)."""
+    if name is None:
+        return
+    lora = loop.runner.lora if loop.runner is not None else None
+    if loaded.kind == "vision" or lora is None:
+        raise RequestError(f"{model_name} takes no adapters (a vision model)", "adapter")
+    if not isinstance(name, str) or name not in lora.adapters:
+        have = ", ".join(sorted(lora.adapters)) or "none"
+        raise RequestError(f"no adapter named {name} is loaded on {model_name} (loaded: {have}): load it "
+                           "first (Engine.load_adapter, %mlx load MODEL@ADAPTER)", "adapter")
+    extra["adapter"] = name

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
-from mlx_nb.engine.constrained import Constraint
+from mlx_nb.engine.sampling.constrained import Constraint
 from mlx_nb.engine.types import SamplingParams
 
 
@@ -39,7 +39,7 @@ class SubmitRequest:
     source: Optional[str] = None
     adapter: Optional[str] = None  # a LoRA adapter loaded on the engine (Engine.load_adapter), for this row
     # a dataset job's id: the row runs in the background lane, in the slots interactive requests leave
-    # (engine/background.py); None: an interactive request, admitted at once
+    # (engine/scheduling/background.py); None: an interactive request, admitted at once
     job: Optional[str] = None
 
     @classmethod

@@ -61,7 +61,7 @@ class TokenLogprob:
 @dataclass
 class Delta:
     """One streamed piece of a reply. `text` is always valid UTF-8 and never holds a stop token.
-    A thinking model's reasoning comes in `reasoning`, apart from the answer (engine/reasoning.py)."""
+    A thinking model's reasoning comes in `reasoning`, apart from the answer (engine/text/reasoning.py)."""
 
     request_id: str
     text: str = ""
@@ -119,4 +119,4 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     tools: Optional[list[dict[str, Any]]] = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    suffix: Optional[str] = None  # a completion's text after the hole (fill-in-the-middle, engine/fim.py)
+    suffix: Optional[str] = None  # a completion's text after the hole (fill-in-the-middle, engine/inputs/fim.py)

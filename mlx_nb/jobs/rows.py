@@ -57,7 +57,7 @@ class LocalTarget:
         except LookupError:  # a name this target does not serve: the row's error
             raise
         except Exception as exc:
-            from mlx_nb.engine.registry import ModelUnavailable  # raised by a local engine: MLX is loaded
+            from mlx_nb.registry import ModelUnavailable  # raised by a local engine: MLX is loaded
 
             if isinstance(exc, ModelUnavailable):  # the memory budget is held by busy models: later
                 raise Interrupted(str(exc)) from None
@@ -85,8 +85,8 @@ async def run_row(row: dict, target, job_id: str, source: str, on_handles: Calla
     """The row's output line. ModelLoadFailure (the whole job fails) and Interrupted (no result yet)
     are raised; everything a request can get wrong is the row's own error line."""
     from mlx_nb.api import APIError, from_request_error
-    from mlx_nb.engine.submit_request import SubmitRequest
-    from mlx_nb.engine.types import RequestError
+    from mlx_nb.engine import SubmitRequest
+    from mlx_nb.engine import RequestError
 
     if row.get("error") is not None:
         return output_line(row, 400, None, row["error"])
@@ -113,7 +113,7 @@ async def run_row(row: dict, target, job_id: str, source: str, on_handles: Calla
     except (LookupError, ValueError) as exc:
         return output_line(row, 400, None, {"code": "invalid_request", "message": str(exc)})
     except RuntimeError as exc:
-        from mlx_nb.engine.loop import EngineClosedError
+        from mlx_nb.engine import EngineClosedError
 
         if isinstance(exc, EngineClosedError):  # closed between looking it up and submitting
             raise Interrupted(str(exc)) from None

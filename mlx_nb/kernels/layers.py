@@ -333,7 +333,7 @@ class Attention(nn.Module):
         q, k, v = native().qkv_rope(parts, **split)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        if isinstance(getattr(cache, "bits", None), int):  # quantized keys and values (engine/kv_quant.py)
+        if isinstance(getattr(cache, "bits", None), int):  # quantized keys and values (engine/caches/kv_quant.py)
             return native().quantized_attention(q, *k, *v, scale=self.scale, bits=cache.bits,
                                                 group_size=cache.group_size, causal=causal, mask=mask)
         return native().attention(q, k, v, scale=self.scale, causal=causal, mask=mask)

@@ -78,7 +78,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "mamba_chunk_size": 16,
         **_COMMON,
     },
-    # thinking models: their templates write reasoning markers (engine/reasoning.py)
+    # thinking models: their templates write reasoning markers (engine/text/reasoning.py)
     "tiny-qwen3-think": {
         "model_type": "qwen3",
         **_SMALL,

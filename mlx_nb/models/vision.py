@@ -14,7 +14,7 @@ deltas before every decode step, and a prefill installs its request's state befo
 
 A family the compatibility sweep found it cannot batch (mlx_nb/compat/mlx_vlm.json, verdict
 "sequential") is served one request at a time through mlx_vlm's own generate_step
-(engine/sequential.py), with the sweep's one-line reason; so is a family whose language model
+(engine/scheduling/sequential.py), with the sweep's one-line reason; so is a family whose language model
 takes state carried from step to step (cross-attention states, encoder outputs: mlx_vlm's
 generate passes them from one decode step to the next; a batch row has nowhere to keep them).
 Only a "refused" family (wrong even one request at a time) is refused here, at load.

@@ -35,7 +35,7 @@ from mlx_nb.pictures.theme import (
 
 REASON_COLORS = {"stop": "#2e7d32", "length": "#ef6c00", "abort": "#9e9e9e", "error": "#c62828"}
 DECODE_COLOR = "#64b5f6"
-JOB_COLOR = "#90a4ae"  # a dataset job's rows decode in the background lane (engine/background.py)
+JOB_COLOR = "#90a4ae"  # a dataset job's rows decode in the background lane (engine/scheduling/background.py)
 JOIN_COLOR = "#1565c0"
 LINE_COLOR = "#ab47bc"
 WAIT_OPACITY = ".28"  # waiting is the theme's font colour, faint: grey on light and dark alike

@@ -176,7 +176,7 @@ def test_kwargs_system_blocks_images_tool_use_and_tool_result():
         {
             "role": "assistant",
             "content": "Checking.",
-            "reasoning_content": "hmm",  # the template keeps or drops it (engine/thinking.py)
+            "reasoning_content": "hmm",  # the template keeps or drops it (engine/text/thinking.py)
             "tool_calls": [
                 {
                     "id": "toolu_1",
@@ -338,7 +338,7 @@ def test_system_messages_inside_messages_as_current_claude_code_sends_them():
     """Claude Code's mid-conversation system messages (and its other fields) are taken, not a 400;
     the engine's normalization then hoists and merges every system message."""
     from mlx_nb.api import count_tokens_kwargs, parse_count_tokens_request
-    from mlx_nb.engine.messages import normalize_messages
+    from mlx_nb.engine.inputs.messages import normalize_messages
 
     body = {
         "model": "m", "max_tokens": 64, "system": [{"type": "text", "text": "You are Claude Code."}],

@@ -12,7 +12,7 @@ from mlx_nb import Engine
 from mlx_nb.compat import matrix
 from mlx_nb.compat.configs import write_tiny
 from mlx_nb.compat.reference import quantized_cache, reply_tokens
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.models import load_model
 
 WIDE = {"head_dim": 32, "hidden_size": 128, "d_model": 128, "n_embd": 128, "dim": 128, "kv_channels": 32,

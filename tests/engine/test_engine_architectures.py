@@ -14,8 +14,8 @@ import pytest
 from mlx_nb import Engine
 from mlx_nb.compat import matrix
 from mlx_nb.compat.configs import write_tiny
-from mlx_nb.engine.batchability import decide
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.batch.batchability import decide
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.models import ModelLoadError, load_model
 from reference import reply_tokens
 
@@ -121,7 +121,7 @@ def test_which_cache_types_can_join_a_batch():
         ArraysCache, CacheList, ChunkedKVCache, KVCache, QuantizedKVCache, RotatingKVCache,
     )
 
-    from mlx_nb.engine.layout import is_batchable
+    from mlx_nb.engine.caches.layout import is_batchable
 
     assert is_batchable(KVCache()) and is_batchable(ArraysCache(2)) and is_batchable(RotatingKVCache(8))
     assert is_batchable(CacheList(ArraysCache(2), KVCache()))
@@ -136,7 +136,7 @@ def test_which_cache_types_can_join_a_batch():
 
 def test_the_matrix_is_looked_up_by_the_module_that_built_the_model(tmp_path):
     """solar_open re-exports glm4_moe's Model: it is still looked up as solar_open, its own entry."""
-    from mlx_nb.engine.batchability import architecture_of
+    from mlx_nb.engine.batch.batchability import architecture_of
 
     assert architecture_of(load_model(str(write_tiny("solar_open", tmp_path / "s")))) == ("mlx_lm", "solar_open")
     assert architecture_of(load_model("tiny-gemma3")) == ("mlx_lm", "gemma3_text")

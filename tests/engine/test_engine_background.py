@@ -1,4 +1,4 @@
-"""The background lane (engine/background.py): a dataset job's rows fill the batch slots interactive
+"""The background lane (engine/scheduling/background.py): a dataset job's rows fill the batch slots interactive
 requests leave, yield theirs to interactive rows (taken out with their cache, put back exactly where
 they were), keep a minimum share under load, and several jobs take turns.
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mlx_nb import Engine
-from mlx_nb.engine.constrained import Constraint
+from mlx_nb.engine.sampling.constrained import Constraint
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "name": {"type": "string", "maxLength": 12}},
           "required": ["ok", "name"]}
@@ -97,7 +97,7 @@ def test_a_row_yielding_while_it_reads_its_prompt_resumes_token_for_token(model,
 
 def test_a_wave_of_job_rows_reads_its_prompts_in_paced_steps_from_the_first():
     """A chat arriving while a wave reads its prompts waits for one step, not for the whole wave's
-    prompts: the wave's first step reads a part of each prompt (engine/pacing.py), not all of it."""
+    prompts: the wave's first step reads a part of each prompt (engine/scheduling/pacing.py), not all of it."""
     padding = " ".join(f"word{i}" for i in range(150)) + ". "
     with Engine("tiny-llama", max_batch=8, prefix_cache=False, wait=True) as eng:
         since = eng.events()[-1]["seq"] if eng.events() else 0
@@ -222,7 +222,7 @@ def test_the_batch_timeline_marks_job_rows_and_their_yields():
 def test_a_wave_waits_for_room_but_not_for_ever_and_yielded_rows_never_wait():
     from types import SimpleNamespace
 
-    from mlx_nb.engine.background import WAVE_WAIT_S, BackgroundLane, Parked
+    from mlx_nb.engine.scheduling.background import WAVE_WAIT_S, BackgroundLane, Parked
 
     lane = BackgroundLane()
     for i in range(40):

@@ -10,8 +10,8 @@ import pytest
 
 from mlx_nb import Engine
 from mlx_nb.compat.configs import write_tiny
-from mlx_nb.engine.batch_probe import cached_check, check, fingerprint
-from mlx_nb.engine.batchability import after_check, decide, needs_check
+from mlx_nb.engine.batch.batch_probe import cached_check, check, fingerprint
+from mlx_nb.engine.batch.batchability import after_check, decide, needs_check
 from mlx_nb.models import load_model
 from mlx_nb.models.cache_types import cache_type_name
 

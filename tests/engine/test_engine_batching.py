@@ -7,8 +7,8 @@ sharing and leaving the batch never changes a single token.
 import pytest
 
 from mlx_nb import Engine
-from mlx_nb.engine.messages import normalize_messages
-from mlx_nb.engine.prompts import encode_prompt, render_chat
+from mlx_nb.engine.inputs.messages import normalize_messages
+from mlx_nb.engine.inputs.prompts import encode_prompt, render_chat
 from mlx_nb.models import load_model
 from reference import greedy_alone
 

@@ -4,7 +4,7 @@ bursts: one chat at a time starts at once. (Orderings with wide margins, no wall
 import time
 
 from mlx_nb import Engine
-from mlx_nb.engine import loop
+from mlx_nb.engine.scheduling import loop
 
 
 def prefill_step(engine, handle) -> int:

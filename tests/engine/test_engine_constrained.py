@@ -1,4 +1,4 @@
-"""Constrained decoding in the shared batch (engine/constrained.py): generated JSON schemas, regexes
+"""Constrained decoding in the shared batch (engine/sampling/constrained.py): generated JSON schemas, regexes
 and grammars hold on the real default model and a tiny one at temperature 1.0; unconstrained rows
 of the same batch get exactly the tokens generate_step gives them alone; a row whose output leaves
 its grammar ends alone; a schema llguidance cannot compile is a one-line RequestError at submit."""
@@ -12,8 +12,8 @@ import pytest
 
 from mlx_nb import Engine
 from mlx_nb.api.constraint_fields import constraint_of
-from mlx_nb.engine.constrained import Constraint, tool_call
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.sampling.constrained import Constraint, tool_call
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.engine.types import RequestError
 from mlx_nb.models import load_model
 from held import held

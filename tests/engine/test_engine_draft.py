@@ -1,4 +1,4 @@
-"""Speculation with a draft model (engine/draft.py): the rows of the shared batch verify a small model's
+"""Speculation with a draft model (engine/speculation/draft.py): the rows of the shared batch verify a small model's
 greedy guesses. Greedy rows give exactly mlx_lm's generate_step tokens alone, whether the draft is
 always right (the model itself), mostly right (the model's weights with noise added) or unrelated;
 sampled rows keep their distribution; a draft that cannot serve is left out with its reason in status.
@@ -15,8 +15,8 @@ import pytest
 from chi_square import samples_differ
 from mlx_nb import Engine
 from mlx_nb.compat.configs import write_tiny
-from mlx_nb.engine import speculation
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.speculation import prompt_lookup as speculation
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.models import load_model
 from reference import reply_tokens
 from step_clock import steady_step_costs  # noqa: F401  (a fixture)
@@ -169,7 +169,7 @@ def test_a_rows_draft_cache_follows_its_tokens_through_kept_and_refused_guesses(
     """Row by row, as verification goes: each draft equals the draft model's own greedy tokens after
     the row's tokens (mlx_lm's generate_step from scratch), though its cache was read once and cut
     back wherever the served model refused a guess and put another token in its place."""
-    from mlx_nb.engine.draft import DraftModel, vocab_size
+    from mlx_nb.engine.speculation.draft import DraftModel, vocab_size
 
     path = write_tiny("qwen3", tmp_path / "draft", seed=seed)
     loaded = load_model(str(path))

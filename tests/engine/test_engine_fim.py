@@ -7,7 +7,7 @@ import pytest
 from fim_fixture import AFTER, BEFORE, by_hand, fim_model
 
 from mlx_nb import Engine
-from mlx_nb.engine.fim import FORMATS, fim_format
+from mlx_nb.engine.inputs.fim import FORMATS, fim_format
 from mlx_nb.engine.types import RequestError
 from mlx_nb.models import load_model
 from reference import reply_tokens

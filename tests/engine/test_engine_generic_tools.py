@@ -1,5 +1,5 @@
 """Tools reach every model: natively where the chat template renders them, inlined in the generic
-format (mlx_nb.engine.generic_tools) where it does not; count_tokens counts what the model reads."""
+format (mlx_nb.engine.inputs.generic_tools) where it does not; count_tokens counts what the model reads."""
 
 import json
 
@@ -7,8 +7,8 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from mlx_nb.api.openai_chat import parse_tool_calls
-from mlx_nb.engine.messages import normalize_messages
-from mlx_nb.engine.prompts import chat_tool_format, encode_prompt, render_chat
+from mlx_nb.engine.inputs.messages import normalize_messages
+from mlx_nb.engine.inputs.prompts import chat_tool_format, encode_prompt, render_chat
 from mlx_nb.models.fixtures import tiny_names
 from mlx_nb.models.sources import resolve
 

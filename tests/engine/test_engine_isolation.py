@@ -68,7 +68,7 @@ PROMPTS = [f"p{i} " * (i + 1) for i in range(8)]
 @pytest.fixture(scope="module")
 def alone(llama_engine):
     """Each prompt decoded alone by mlx_lm's generate_step (run on the engine thread, between steps)."""
-    from mlx_nb.engine.prompts import encode_prompt
+    from mlx_nb.engine.inputs.prompts import encode_prompt
     from reference import greedy_alone
 
     loaded = llama_engine.loaded
@@ -153,7 +153,7 @@ def test_budget_beyond_the_context_is_clamped_and_none_means_the_rest(llama_engi
 def test_count_tokens_is_the_chat_templates_length(llama_engine):
     """Compared with the tokenizer's own apply_chat_template (mlx_lm's wrapper around transformers);
     tiny-llama's template renders no tools, so they are in the conversation it is given (generic format)."""
-    from mlx_nb.engine.generic_tools import inline_tools
+    from mlx_nb.engine.inputs.generic_tools import inline_tools
 
     tok = llama_engine.loaded.tokenizer
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -207,8 +207,8 @@ def test_a_submit_racing_with_close_ends_instead_of_hanging():
         engine.submit(prompt="late", max_tokens=4)
     # a submit that read the model before the thread stopped is ended, not queued forever
     from mlx_nb.engine.handle import RequestHandle
-    from mlx_nb.engine.live import LiveRequest
-    from mlx_nb.engine.textstream import TextStream
+    from mlx_nb.engine.scheduling.live import LiveRequest
+    from mlx_nb.engine.text.textstream import TextStream
     from mlx_nb.engine.types import Request
 
     live = LiveRequest(Request("late"), RequestHandle("late", engine.abort), [1, 2], TextStream(loaded.tokenizer, []))

@@ -1,4 +1,4 @@
-"""A quantized KV cache that batches (engine/kv_quant.py): 8- and 4-bit keys and values as rows of
+"""A quantized KV cache that batches (engine/caches/kv_quant.py): 8- and 4-bit keys and values as rows of
 the shared batch, each row token for token what mlx_lm's `generate_step` gives that prompt alone with
 mlx_lm's own `QuantizedKVCache` of the same setting.
 
@@ -18,8 +18,8 @@ from mlx_lm.models.cache import KVCache
 from mlx_nb import Engine
 from mlx_nb.compat.configs import write_tiny
 from mlx_nb.compat.reference import quantized_cache, reply_tokens
-from mlx_nb.engine.kv_quant import BatchQuantizedKV, KVQuantization, QuantizedKV
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.caches.kv_quant import BatchQuantizedKV, KVQuantization, QuantizedKV
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.magics.tables import cache_table, status_table
 from mlx_nb.models import load_model
 

@@ -16,8 +16,8 @@ from mlx_lm.models.cache import BatchKVCache
 
 from mlx_nb import Engine
 from mlx_nb.compat.reference import quantized_cache, reply_tokens
-from mlx_nb.engine.kv_quant import BatchQuantizedKV
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.caches.kv_quant import BatchQuantizedKV
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.models import load_model
 
 MODEL = "smollm2-135m-instruct"

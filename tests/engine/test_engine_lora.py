@@ -14,7 +14,7 @@ import pytest
 
 from mlx_nb import Engine
 from mlx_nb.compat.configs import write_tiny
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.engine.types import RequestError
 from mlx_nb.models import load_model
 from mlx_nb.models.adapters import AdapterError

@@ -2,12 +2,12 @@
 
 import pytest
 
-from mlx_nb.engine.messages import normalize_messages
+from mlx_nb.engine.inputs.messages import normalize_messages
 import json
 from collections import Counter
 
-from mlx_nb.engine.control_text import WORD_JOINER, control_tokens
-from mlx_nb.engine.prompts import encode_prompt, render_chat
+from mlx_nb.engine.inputs.control_text import WORD_JOINER, control_tokens
+from mlx_nb.engine.inputs.prompts import encode_prompt, render_chat
 from mlx_nb.engine.types import RequestError
 from mlx_nb.models import load_model
 

@@ -1,7 +1,7 @@
 """Prefill pacing: a long prompt is read in chunks sized so running streams keep their pace."""
 
 from mlx_nb import Engine
-from mlx_nb.engine.pacing import MAX_STRETCH, MIN_CHUNK, PROBE_TOKENS, PrefillPacer
+from mlx_nb.engine.scheduling.pacing import MAX_STRETCH, MIN_CHUNK, PROBE_TOKENS, PrefillPacer
 
 
 def test_pacer_budgets_prompt_tokens_per_step_while_rows_decode():

@@ -4,7 +4,7 @@ import pytest
 
 from mlx_nb import Engine
 from mlx_lm.models.cache import can_trim_prompt_cache
-from mlx_nb.engine.prefix import PrefixCache, owned
+from mlx_nb.engine.caches.prefix import PrefixCache, owned
 
 SYSTEM = "You are a terse assistant. " * 6  # long enough to cross tiny-gemma3's window of 8
 MAX = 12

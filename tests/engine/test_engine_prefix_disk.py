@@ -1,4 +1,4 @@
-"""The prefix cache on disk (engine/prefix_disk.py): a restarted engine reads back what an earlier
+"""The prefix cache on disk (engine/caches/prefix_disk.py): a restarted engine reads back what an earlier
 one read, and answers exactly as a cold engine does; files that are broken, not mlx-nb's, or another
 model's are ignored with a warning and never loaded; the folder keeps its byte budget.
 
@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from mlx_nb import Engine
-from mlx_nb.engine.prefix_disk import SUFFIX
+from mlx_nb.engine.caches.prefix_disk import SUFFIX
 
 NAMES = ["tiny-llama", "tiny-qwen3.5", "tiny-gemma3", "tiny-falcon-h1"]
 MAX = 8

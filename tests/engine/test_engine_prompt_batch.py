@@ -1,4 +1,4 @@
-"""PromptBatch (engine/decode.py) on mlx_lm's own prompt batch: when every row's prompt ends in one
+"""PromptBatch (engine/batch/decode.py) on mlx_lm's own prompt batch: when every row's prompt ends in one
 step its cache moves to the decode batch instead of being deep-copied; when some rows stay, mlx_lm's
 copy still happens; and the per-row fields it empties are exactly the ones mlx_lm's filter keeps
 (an mlx_lm that adds one fails here). Tokens batched == alone is the engine's reference tests' job."""
@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import PromptProcessingBatch
 
-from mlx_nb.engine.decode import ROW_FIELDS, DecodeBatch, PromptBatch
+from mlx_nb.engine.batch.decode import ROW_FIELDS, DecodeBatch, PromptBatch
 from mlx_nb.models import load_model
 
 
@@ -52,7 +52,7 @@ def test_a_decode_step_starts_only_the_next_steps_first_layers_and_tokens_stay_t
     in `_pending` until the next step begins, a joining batch's rest comes along, and a batch left
     without rows drops it), over every kind of cache; the tokens are those of steps handed to MLX
     whole."""
-    import mlx_nb.engine.decode as decode_module
+    import mlx_nb.engine.batch.decode as decode_module
 
     loaded = load_model(name)
 

@@ -1,4 +1,4 @@
-"""A thinking model's reasoning, kept apart from its answer (engine/reasoning.py): the text split on
+"""A thinking model's reasoning, kept apart from its answer (engine/text/reasoning.py): the text split on
 every chunking, each family's markers found from the template and vocabulary, and through the
 engine: reasoning and answer apart, streamed and whole; stop strings and a JSON schema applied to
 the answer only; a thinking budget that closes the reasoning at its count; no reasoning when the
@@ -13,7 +13,7 @@ import pytest
 from forcing import forcing
 from mlx_nb import Engine
 from mlx_nb.api.constraint_fields import constraint_of
-from mlx_nb.engine.reasoning import HARMONY, MAGISTRAL, THINK, ReasoningSplit, reasoning_format
+from mlx_nb.engine.text.reasoning import HARMONY, MAGISTRAL, THINK, ReasoningSplit, reasoning_format
 from mlx_nb.models import load_model
 
 WORDS = ["plan", "the", "<", "answer", "think", "/", ">", "\n", "x", "[", "]", "|", "42", " ", "end"]
@@ -223,8 +223,8 @@ def test_harmony_channels_split_reasoning_from_answer():
 def test_an_earlier_turns_reasoning_reaches_the_template_as_it_expects(thinker):
     """Qwen3's rule: reasoning after the last user message (the turn being continued) stays; earlier
     turns' goes. The reasoning arrives under the names templates read (reasoning_content, thinking)."""
-    from mlx_nb.engine.messages import normalize_messages
-    from mlx_nb.engine.prompts import render_chat
+    from mlx_nb.engine.inputs.messages import normalize_messages
+    from mlx_nb.engine.inputs.prompts import render_chat
 
     tok = thinker.loaded.tokenizer
     kept = render_chat(tok, normalize_messages([

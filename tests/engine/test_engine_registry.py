@@ -1,10 +1,10 @@
-"""The registry's policy (engine/registry.py) on a clock the test moves: what is unloaded when, and
+"""The registry's policy (mlx_nb/registry.py) on a clock the test moves: what is unloaded when, and
 what is refused. Its engines are stand-ins that record being closed; the real engines behind the
 same policy are tests/server/test_server_models.py's."""
 
 import pytest
 
-from mlx_nb.engine.registry import ModelRegistry, ModelUnavailable, entries_from, keep_alive_seconds
+from mlx_nb.registry import ModelRegistry, ModelUnavailable, entries_from, keep_alive_seconds
 
 MB = 2**20
 

@@ -1,4 +1,4 @@
-"""The sequential lane (engine/sequential.py) behind the engine's usual interface: requests queue,
+"""The sequential lane (engine/scheduling/sequential.py) behind the engine's usual interface: requests queue,
 run one at a time through mlx_lm's generate_step, stream, stop, report logprobs, abort (queued or
 running), and fail alone; compared with generate_step run alone, never with the engine itself.
 
@@ -11,7 +11,7 @@ import pytest
 
 from mlx_nb import Engine
 from mlx_nb.api.constraint_fields import constraint_of
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.models import load_model
 from reference import reply_tokens
 

@@ -14,8 +14,8 @@ def test_four_questions_batched_equal_mlx_lm_alone():
     # Prefix reuse off: the batched run must read its four prompts of different lengths itself, in
     # one padded batch. The reference is mlx_lm's own generate_step, one question at a time (run on
     # the engine thread, the only one that touches MLX).
-    from mlx_nb.engine.messages import normalize_messages
-    from mlx_nb.engine.prompts import encode_prompt, render_chat
+    from mlx_nb.engine.inputs.messages import normalize_messages
+    from mlx_nb.engine.inputs.prompts import encode_prompt, render_chat
     from held import held
     from reference import greedy_alone
 

@@ -1,4 +1,4 @@
-"""Prompt-lookup speculation in the shared batch (engine/speculation.py): greedy rows give exactly the
+"""Prompt-lookup speculation in the shared batch (engine/speculation/prompt_lookup.py): greedy rows give exactly the
 tokens mlx_lm's generate_step gives one request at a time, several per step when the guess is right.
 
 Tiny random models fall into loops soon: their answers repeat their own tokens, which is what prompt
@@ -11,8 +11,8 @@ import pytest
 
 from mlx_nb import Engine
 from mlx_nb.compat.configs import write_tiny
-from mlx_nb.engine.prompts import encode_prompt
-from mlx_nb.engine.speculation import PromptLookup, cut_back, plan, propose
+from mlx_nb.engine.inputs.prompts import encode_prompt
+from mlx_nb.engine.speculation.prompt_lookup import PromptLookup, cut_back, plan, propose
 from mlx_nb.models import load_model
 from chi_square import samples_differ
 from reference import reply_tokens
@@ -54,7 +54,7 @@ def test_wrong_guesses_change_no_token(seed, tmp_path, monkeypatch, steady_step_
     """Every proposal made wrong at its end (and one in three wholly wrong): rows accept part of a
     guess or none of it, drop different numbers of positions in one step, and still give mlx_lm's
     tokens."""
-    from mlx_nb.engine import speculation
+    from mlx_nb.engine.speculation import prompt_lookup as speculation
 
     path = write_tiny("qwen3", tmp_path / "qwen3", seed=seed)
     texts = _texts(seed + 10, 6)
@@ -83,7 +83,7 @@ def test_sampled_constrained_and_logprob_rows_beside_speculating_ones(tmp_path):
     """Rows that cannot speculate (sampled, held to a grammar, asking for logprobs, ended by a stop
     string) share the batch with greedy ones: every greedy row still equals mlx_lm's, a seeded
     sampled row equals itself served alone, a stop string still ends its row."""
-    from mlx_nb.engine.constrained import Constraint
+    from mlx_nb.engine.sampling.constrained import Constraint
 
     path = write_tiny("qwen3", tmp_path / "qwen3", seed=3)
     texts = ["hello there " * 3, "a b c d e f", "the cat sat on the mat", "one two three four"]
@@ -136,7 +136,7 @@ def test_a_row_copying_its_prompt_resumes_after_a_renamed_name_where_the_copy_st
     """The lookup `plan` makes, through a row's copy pointer: past a rename (old name 5, new name
     50 51 55) the copy resumes at the old name's place, where the latest occurrence of the new
     name's tokens (the instruction) would guess wrong and no 2-gram of the text occurred before."""
-    from mlx_nb.engine.speculation import RowState, continuation, copy_from
+    from mlx_nb.engine.speculation.prompt_lookup import RowState, continuation, copy_from
 
     code = [11, 12, 13, 5, 14, 15, 16, 17, 12, 13, 5, 18]
     prompt = code + [90, 5, 91, 50, 51, 55, 92]  # "... rename 5 to 50 51 55."
@@ -157,7 +157,7 @@ def test_a_row_copying_its_prompt_resumes_after_a_renamed_name_where_the_copy_st
 
 
 def test_a_row_whose_lookups_find_nothing_waits_and_its_rate_follows_its_guesses():
-    from mlx_nb.engine.speculation import RowState
+    from mlx_nb.engine.speculation.prompt_lookup import RowState
 
     spec, state = PromptLookup(), RowState()
     waits = []
@@ -285,8 +285,8 @@ def test_speculative_sampling_keeps_the_distribution(seed):
     the refused draft token is never the replacement."""
     import mlx.core as mx
 
-    from mlx_nb.engine.sampling import SamplingParams, TokenSampler
-    from mlx_nb.engine.speculation import accept_sampled
+    from mlx_nb.engine.sampling.samplers import SamplingParams, TokenSampler
+    from mlx_nb.engine.speculation.prompt_lookup import accept_sampled
 
     rng = np.random.default_rng(seed)
     vocab, temperature = 6, float(rng.uniform(0.5, 1.5))

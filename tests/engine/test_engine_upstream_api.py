@@ -41,11 +41,11 @@ def test_response_fields_are_what_we_read():
 
 
 def test_every_upstream_tuple_we_unpack_has_the_shape_we_expect():
-    """Each unpack goes through mlx_nb.engine.upstream; run each one on real return values."""
+    """Each unpack goes through mlx_nb.engine.batch.upstream; run each one on real return values."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from mlx_nb.engine import upstream
+    from mlx_nb.engine.batch import upstream
     from mlx_nb.models import load_model
 
     loaded = load_model("tiny-llama")
@@ -73,7 +73,7 @@ def test_every_upstream_tuple_we_unpack_has_the_shape_we_expect():
 
 
 def test_a_changed_shape_fails_with_one_line_saying_what_to_do():
-    from mlx_nb.engine.upstream import UpstreamAPIError, extracted
+    from mlx_nb.engine.batch.upstream import UpstreamAPIError, extracted
 
     with pytest.raises(UpstreamAPIError) as err:
         extracted({7: ("cache", [1, 2], "a new field")}, 7)

@@ -1,4 +1,4 @@
-"""The private parts of mlx_lm the engine builds on (mlx_nb/engine/upstream_guard.py) are what is
+"""The private parts of mlx_lm the engine builds on (mlx_nb/engine/batch/upstream_guard.py) are what is
 installed, the pins that keep them so are exact, and the guard fails loudly when one changes."""
 
 import re
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlx_nb.engine import upstream_guard
-from mlx_nb.engine.upstream_guard import INSTANCE_ATTRIBUTES, PRIVATE_API, Private, UpstreamChanged, check
+from mlx_nb.engine.batch import upstream_guard
+from mlx_nb.engine.batch.upstream_guard import INSTANCE_ATTRIBUTES, PRIVATE_API, Private, UpstreamChanged, check
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_an_engine_on_a_changed_mlx_lm_refuses_with_what_to_do(monkeypatch):
 
 
 def test_instance_attributes_we_read_exist_on_real_batches():
-    from mlx_nb.engine.decode import Generator
+    from mlx_nb.engine.batch.decode import Generator
     from mlx_nb.models import load_model
 
     loaded = load_model("tiny-llama")
@@ -68,7 +68,7 @@ def test_instance_attributes_we_read_exist_on_real_batches():
     seen["KVCache"] = next(c for c in loaded.make_cache() if type(c).__name__ == "KVCache")
     for cls, names in INSTANCE_ATTRIBUTES.items():
         missing = [n for n in names if not hasattr(seen[cls], n)]
-        assert not missing, f"mlx_lm's {cls} no longer has {missing}: pin mlx-lm or adapt mlx_nb/engine/decode.py"
+        assert not missing, f"mlx_lm's {cls} no longer has {missing}: pin mlx-lm or adapt mlx_nb/engine/batch/decode.py"
     gen.close()
 
 

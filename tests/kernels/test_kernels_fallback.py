@@ -11,8 +11,8 @@ import json, sys
 import mlx_nb
 from mlx_nb import Engine
 from mlx_nb.compat.reference import reply_tokens
-from mlx_nb.engine.messages import normalize_messages
-from mlx_nb.engine.prompts import encode_prompt, render_chat
+from mlx_nb.engine.inputs.messages import normalize_messages
+from mlx_nb.engine.inputs.prompts import encode_prompt, render_chat
 from mlx_nb.models import load_model
 
 name, quantize = sys.argv[1], (int(sys.argv[2]) or None)

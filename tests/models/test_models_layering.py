@@ -38,10 +38,10 @@ def test_models_package_does_not_import_the_engine():
 
 def test_the_check_sees_every_import_form(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import mlx_nb.engine.layout\ndef f():\n    from mlx_nb.engine.vision import x\n"
+    bad.write_text("import mlx_nb.engine.caches.layout\ndef f():\n    from mlx_nb.engine.inputs.vision import x\n"
                    "from ..engine import y\nfrom .. import engine\nfrom mlx_nb.models import z\nfrom . import atomic\n")
     hits = engine_imports(bad, "mlx_nb.models")
-    assert [h.split(":")[1] for h in hits] == ["1 mlx_nb.engine.layout", "3 mlx_nb.engine.vision", "3 mlx_nb.engine.vision.x",
+    assert [h.split(":")[1] for h in hits] == ["1 mlx_nb.engine.caches.layout", "3 mlx_nb.engine.inputs.vision", "3 mlx_nb.engine.inputs.vision.x",
                                               "4 mlx_nb.engine", "4 mlx_nb.engine.y", "5 mlx_nb.engine"]
 
 

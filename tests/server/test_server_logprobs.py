@@ -13,7 +13,7 @@ import pytest
 
 from live_server import serving
 from mlx_nb.compat.checks import chat_tokens
-from mlx_nb.engine.prompts import encode_prompt
+from mlx_nb.engine.inputs.prompts import encode_prompt
 from mlx_nb.models import load_model
 
 MODEL, MAX_TOKENS, TOP = "tiny-llama", 6, 3

@@ -1,4 +1,4 @@
-"""Several models on one server (engine/registry.py), through the unmodified openai SDK: requests
+"""Several models on one server (mlx_nb/registry.py), through the unmodified openai SDK: requests
 naming registered models (and LoRA adapters, `model@adapter`) load them on demand and each reply
 equals that model (with that adapter) alone; the budget
 unloads the least recently used idle model to make room and refuses a model that cannot fit with

@@ -4,7 +4,7 @@ import copy
 
 import mlx.core as mx
 
-from mlx_nb.engine.layout import is_batchable
+from mlx_nb.engine.caches.layout import is_batchable
 from mlx_nb.models.cache_layout import is_trimmable
 from mlx_nb.models.rope_delta_cache import RopeDeltaCache
 

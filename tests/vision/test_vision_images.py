@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from mlx_nb import Engine
-from mlx_nb.engine.images import ImageOptions, decode_message_images, images_in, load_image
+from mlx_nb.engine.inputs.images import ImageOptions, decode_message_images, images_in, load_image
 from mlx_nb.engine.types import RequestError
 from vision_reference import data_url, picture
 

@@ -4,9 +4,9 @@ and text-only chats and completions to it work (a seed bug: they crashed)."""
 import pytest
 
 from mlx_nb import Engine
-from mlx_nb.engine.messages import normalize_messages
+from mlx_nb.engine.inputs.messages import normalize_messages
 from mlx_nb.engine.types import RequestError
-from mlx_nb.engine.vision import render_vision_prompt
+from mlx_nb.engine.inputs.vision import render_vision_prompt
 from mlx_nb.models import load_model
 from vision_reference import MAX_TOKENS, data_url, picture, vlm_greedy
 

@@ -11,8 +11,8 @@ import pytest
 from image_hosts import INTERNAL_NAME, PUBLIC_IP, PUBLIC_NAME, ImageServer, PretendInternet, png_bytes
 from PIL import Image
 
-from mlx_nb.engine.images import ImageOptions, load_image, prefetch_remote_images
-from mlx_nb.engine.remote_images import refusal
+from mlx_nb.engine.inputs.images import ImageOptions, load_image, prefetch_remote_images
+from mlx_nb.engine.inputs.remote_images import refusal
 from mlx_nb.engine.types import RequestError, TooLargeError
 
 

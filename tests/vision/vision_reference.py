@@ -18,8 +18,8 @@ def data_url(img, fmt: str = "PNG") -> str:
 
 def vlm_greedy(loaded, messages=None, images=(), prompt=None, max_tokens: int = MAX_TOKENS) -> list[int]:
     """Greedy token ids of a chat (`messages`) or a completion (`prompt`), stop token excluded."""
-    from mlx_nb.engine.messages import normalize_messages
-    from mlx_nb.engine.vision import render_vision_prompt
+    from mlx_nb.engine.inputs.messages import normalize_messages
+    from mlx_nb.engine.inputs.vision import render_vision_prompt
 
     chat = prompt is None
     text = render_vision_prompt(loaded, normalize_messages(messages)) if chat else prompt
