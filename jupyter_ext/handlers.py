@@ -133,8 +133,19 @@ class ModelHandler(PicksModels, ProxyMixin, MLXHandler):
     @web.authenticated
     @authorized
     async def get(self, name: str):
+        if self.ext.remote is None and name in self.ext.embedding_model_names():  # the embeddings route's
+            return self.write_json(self._embedder_card(name))
         served = [await self.ext.remote.model()] if self.ext.remote is not None else self.ext.model_names()
         self.write_json(model_card(self.ext.server_defaults().resolve_model(name, served)))
+
+    def _embedder_card(self, name: str) -> dict:
+        """An embedding model's card: its kind and state (it loads on the first embeddings request)."""
+        embedder = self.ext.embedder
+        ready = embedder is not None and embedder.ready
+        card = {**model_card(name), "kind": "embedding", "state": "loaded" if ready else "available"}
+        if ready:
+            card.update(dimensions=embedder.dimensions, max_tokens=embedder.max_tokens, pooling=embedder.pooling.mode)
+        return card
 
     @web.authenticated
     @authorized

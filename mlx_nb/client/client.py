@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from mlx_nb.client import backends
 from mlx_nb.client.backends import _Embedded, _Remote
@@ -23,6 +23,9 @@ from mlx_nb.client.streams import (
     _Stream,
 )
 from mlx_nb.client.waiting import DEFAULT_LOAD_TIMEOUT_S, LoadWait, Progress, wait_embedded
+
+if TYPE_CHECKING:
+    import numpy as np
 
 STATUS_POLL_S = 1.0  # how often wait_ready asks a server whether its model has loaded
 
@@ -270,6 +273,19 @@ class Client:
         return self._jobs().list()
 
     # -- introspection ------------------------------------------------------------------------
+    # -- embeddings --------------------------------------------------------------------------
+    def embed(self, texts: Any, *, model: Optional[str] = None, truncate: bool = False) -> "np.ndarray":
+        """One vector per text (a string, a list or a pandas Series of them, or token-id lists), as a
+        float32 array (texts x dimensions), rows in order; unit length where the model normalizes
+        (all-MiniLM-L6-v2, the default, does). A text longer than the model reads is an error naming
+        it, unless `truncate` cuts it. Embedded: this process's embedder; else the server's route."""
+        from mlx_nb.client.embeddings import as_inputs, embed_remote, shared_embedder
+
+        inputs = as_inputs(texts)
+        if not self.embedded:
+            return embed_remote(self._backend.sync, inputs, model, truncate)
+        return shared_embedder(model).embed(inputs, truncate=truncate).vectors
+
     def status(self) -> dict:
         return self.engine.status() if self.embedded else self._backend.get("status")
 

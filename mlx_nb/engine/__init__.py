@@ -10,7 +10,8 @@ The engine lives in rooms, one concern each:
 - `speculation/` — prompt lookup and a draft model, per row of the batch;
 - `inputs/` — a request made into prompt tokens: messages, chat templates, images, tools, fill-in-the-middle;
 - `text/` — tokens made into text: the detokenizing stream, a thinking model's reasoning;
-- `sampling/` — samplers, logits processors and constrained decoding.
+- `sampling/` — samplers, logits processors and constrained decoding;
+- `embedding/` — embedding models (a text made into one vector), batched on their own thread.
 
 `Engine` (engine.py) ties them together behind a thread-safe face. Names are loaded on first use
 (PEP 562): importing a value type from here (`RequestError`, `SubmitRequest`, `Constraint`) loads
@@ -26,6 +27,10 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "Engine": "engine",
     "EngineConfig": "config",
+    "Embedder": "embedding.embedder",
+    "Embeddings": "embedding.embedder",
+    "EmbedderUnavailable": "embedding.files",
+    "DEFAULT_EMBEDDER": "embedding.files",
     "EngineClosedError": "scheduling.loop",
     "RequestHandle": "handle",
     "SubmitRequest": "submit_request",
@@ -81,6 +86,8 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time names load on fi
     from mlx_nb.engine.caches.kv_quant import KVQuantization
     from mlx_nb.engine.caches.prefix_disk import default_folder as default_prefix_folder
     from mlx_nb.engine.config import EngineConfig
+    from mlx_nb.engine.embedding.embedder import Embedder, Embeddings
+    from mlx_nb.engine.embedding.files import DEFAULT_EMBEDDER, EmbedderUnavailable
     from mlx_nb.engine.engine import Engine
     from mlx_nb.engine.handle import RequestHandle
     from mlx_nb.engine.inputs.generic_tools import GENERIC as GENERIC_TOOLS

@@ -52,7 +52,7 @@ def test_every_module_sits_in_a_room():
     loose = sorted(p.name for p in ENGINE.glob("*.py"))
     assert loose == ["__init__.py", "adapter_controls.py", "config.py", "engine.py", "events.py", "handle.py",
                      "prefix_controls.py", "submit_request.py", "types.py"]
-    for room in ("scheduling", "batch", "caches", "speculation", "inputs", "text", "sampling"):
+    for room in ("scheduling", "batch", "caches", "speculation", "inputs", "text", "sampling", "embedding"):
         init = ENGINE / room / "__init__.py"
         assert ast.get_docstring(ast.parse(init.read_text())), f"{room}/ says what it holds"
 
