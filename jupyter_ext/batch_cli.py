@@ -56,6 +56,7 @@ def run_file(data: bytes, output: Path, model: Optional[str] = None, settings: O
              progress: bool = True) -> dict:
     """Run (or resume) the batch in `data`, write `output`; the request counts. `settings`: the
     engines' (EngineConfig's, by name)."""
+    from mlx_nb.client.embeddings import shared_embedder
     from mlx_nb.engine import Engine
     from mlx_nb.jobs.lines import BatchInputError, parse_input, public
     from mlx_nb.jobs.manager import JobManager
@@ -78,7 +79,8 @@ def run_file(data: bytes, output: Path, model: Optional[str] = None, settings: O
                 engines[name] = Engine(name, **(settings or {}))
             return engines[name], name
 
-    manager = JobManager(Store(), LocalTarget(engine_for), source="job: jupyter mlx batch")
+    target = LocalTarget(engine_for, embedder_for=shared_embedder)
+    manager = JobManager(Store(), target, source="job: jupyter mlx batch")
     # the model for lines that name none is part of what the job is: another --model is another job
     job_id = manager.create_rows(f"batch_cli:{model or DEFAULT_MODEL}", "mixed", rows, {"input_sha": _sha(data)})
     if not manager.start(job_id) and manager.describe(job_id)["status"] not in ("completed",):

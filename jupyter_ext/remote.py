@@ -240,3 +240,7 @@ class RemoteTarget:
 
     async def submit(self, engine: RemoteEngine, requests: list) -> list:
         return [await engine.submit(req) for req in requests]
+
+    async def embedder(self, model: Optional[str]):
+        raise LookupError("embeddings lines are not relayed to the backend: send the batch to the backend's own "
+                          "/v1/batches")

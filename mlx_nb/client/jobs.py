@@ -26,6 +26,7 @@ _MANAGERS_LOCK = threading.Lock()
 
 def embedded_manager(fixed=None):
     """This process's JobManager for the shared embedded engines (or for one given Engine)."""
+    from mlx_nb.client.embeddings import shared_embedder
     from mlx_nb.jobs.manager import JobManager
     from mlx_nb.jobs.rows import LocalTarget
     from mlx_nb.jobs.store import Store
@@ -48,7 +49,8 @@ def embedded_manager(fixed=None):
                 name = model or DEFAULT_MODEL
                 return shared_engine(name), name
 
-            manager = _MANAGERS[key] = JobManager(Store(), LocalTarget(engine_for), source="job: notebook")
+            target = LocalTarget(engine_for, embedder_for=shared_embedder)
+            manager = _MANAGERS[key] = JobManager(Store(), target, source="job: notebook")
         return manager
 
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from mlx_nb.jobs.store import new_id
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 
 class BatchInputError(ValueError):

@@ -19,7 +19,6 @@ from typing import Any, Callable, Optional
 
 from mlx_nb.jobs.lines import output_line
 
-
 PASSING = (429, 502, 503, 504)  # statuses that say "not now", not "not this row"
 
 
@@ -34,13 +33,27 @@ class Interrupted(RuntimeError):
 class LocalTarget:
     """Engines in this process. `engine_for(model)` -> (engine, the name it serves under[, the LoRA
     adapter loaded on it that the rows decode with]) and may load them; `defaults_for(engine)` -> the
-    ServerDefaults its routes use."""
+    ServerDefaults its routes use; `embedder_for(model)` -> the ready Embedder for embeddings lines
+    (LookupError for a name it does not serve)."""
 
     def __init__(self, engine_for: Callable[[Optional[str]], tuple[Any, str]],
-                 defaults_for: Optional[Callable[[Any], Any]] = None):
+                 defaults_for: Optional[Callable[[Any], Any]] = None,
+                 embedder_for: Optional[Callable[[Optional[str]], Any]] = None):
         self.engine_for = engine_for
         self.defaults_for = defaults_for
+        self.embedder_for = embedder_for
         self._opened: dict = {}  # model -> (engine, Serving, adapter) while that engine serves
+
+    async def embedder(self, model: Optional[str]):
+        """The ready Embedder for an embeddings line's model; ModelLoadFailure if it cannot load."""
+        from mlx_nb.engine import EmbedderUnavailable
+
+        if self.embedder_for is None:
+            raise LookupError("embeddings lines need an embedding model, and this job's target serves none")
+        try:
+            return await asyncio.to_thread(self.embedder_for, model)
+        except EmbedderUnavailable as exc:
+            raise ModelLoadFailure(str(exc)) from None
 
 
     async def open(self, model: Optional[str]):
@@ -85,11 +98,12 @@ async def run_row(row: dict, target, job_id: str, source: str, on_handles: Calla
     """The row's output line. ModelLoadFailure (the whole job fails) and Interrupted (no result yet)
     are raised; everything a request can get wrong is the row's own error line."""
     from mlx_nb.api import APIError, from_request_error
-    from mlx_nb.engine import SubmitRequest
-    from mlx_nb.engine import RequestError
+    from mlx_nb.engine import RequestError, SubmitRequest
 
     if row.get("error") is not None:
         return output_line(row, 400, None, row["error"])
+    if row["url"] == "/v1/embeddings":
+        return await embedding_row(row, target)
     route = route_for(row["url"])
     try:
         engine, serving, adapter = await target.open(row["body"].get("model"))
@@ -124,6 +138,28 @@ async def run_row(row: dict, target, job_id: str, source: str, on_handles: Calla
     if broken:
         return output_line(row, 500, None, {"code": "request_failed", "message": broken[0].error or "the request failed"})
     return output_line(row, 200, route.response(req, results, serving, int(time.time())), None)
+
+
+async def embedding_row(row: dict, target) -> dict:
+    """An embeddings line's output line, as the embeddings route would answer it (api/embeddings.py);
+    its inputs share the embedder's forwards with every other row waiting."""
+    from mlx_nb.api import APIError, from_request_error
+    from mlx_nb.api import embeddings as wire
+    from mlx_nb.engine import RequestError
+
+    try:
+        req = wire.parse_embedding_request(json.dumps(row["body"]).encode())
+        embedder = await target.embedder(req.model)
+        wire.check_dimensions(req, embedder.model_name, embedder.dimensions)
+        result = await asyncio.to_thread(embedder.embed, wire.inputs_of(req), req.truncate)
+    except APIError as exc:
+        return _error_line(row, exc)
+    except RequestError as exc:
+        return _error_line(row, from_request_error(exc))
+    except LookupError as exc:
+        return output_line(row, 400, None, {"code": "invalid_request", "message": str(exc)})
+    body = wire.embedding_response(embedder.model_name, result.vectors, result.tokens, req.encoding_format)
+    return output_line(row, 200, body, None)
 
 
 def _error_line(row: dict, exc) -> dict:

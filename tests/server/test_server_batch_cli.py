@@ -31,7 +31,9 @@ def run(args, home: Path, **kwargs):
 def test_a_batch_file_runs_offline_with_its_bad_lines_reported(tmp_path):
     lines = [line(i, "/v1/completions" if i % 3 == 0 else "/v1/chat/completions") for i in range(30)]
     lines[4] = "{not json"
-    lines[9] = line(9, "/v1/embeddings")
+    lines[9] = line(9, "/v1/moderations")
+    lines[12] = json.dumps({"custom_id": "r12", "method": "POST", "url": "/v1/embeddings",
+                            "body": {"input": ["an embeddings line", "beside the chats"]}})
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(lines) + "\n")
     done = run(["-i", str(src), "-o", str(out), "--model", "tiny-llama"], tmp_path / "home")
@@ -42,7 +44,9 @@ def test_a_batch_file_runs_offline_with_its_bad_lines_reported(tmp_path):
     good = [r for r in results if r["error"] is None]
     assert sorted(r["custom_id"] for r in good) == sorted(f"r{i}" for i in range(30) if i not in (4, 9))
     kinds = {r["response"]["body"]["object"] for r in good}
-    assert kinds == {"chat.completion", "text_completion"}
+    assert kinds == {"chat.completion", "text_completion", "list"}
+    (vectors,) = [r["response"]["body"]["data"] for r in good if r["custom_id"] == "r12"]
+    assert [len(v["embedding"]) for v in vectors] == [384, 384]
     bad = [r for r in results if r["error"] is not None]
     assert [r["error"]["code"] for r in bad] == ["invalid_json", "invalid_url"]
 

@@ -107,7 +107,7 @@ def test_bad_requests_get_a_clear_4xx(server):
         client.batches.create(input_file_id="file_missing", endpoint="/v1/chat/completions", completion_window="24h")
     upload = client.files.create(file=("one.jsonl", request_line(0).encode()), purpose="batch")
     with pytest.raises(openai.BadRequestError):
-        client.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
+        client.batches.create(input_file_id=upload.id, endpoint="/v1/moderations", completion_window="24h")
     with pytest.raises(openai.BadRequestError):
         client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="1h")
     with pytest.raises(openai.NotFoundError):

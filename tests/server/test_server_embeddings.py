@@ -21,7 +21,8 @@ TEXTS = ["A notebook embeds its corpus.", "Search finds the nearest vectors.", "
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("embeddings")
-    with serving(root, "tiny-llama", "--MLXExtension.load_on_start=False") as s:
+    flags = ("--MLXExtension.load_on_start=False", f"--MLXExtension.jobs_dir={root / 'jobs'}")
+    with serving(root, "tiny-llama", *flags) as s:
         yield s
 
 
@@ -90,3 +91,32 @@ def test_the_client_embeds_the_same_against_the_server_and_in_process(server, lo
     remote = Client(server.url, api_key=server.key).embed(TEXTS)
     embedded = Client(embedded=True).embed(TEXTS)
     assert remote.dtype == np.float32 and np.array_equal(remote, local) and np.array_equal(embedded, local)
+
+
+def test_a_batch_of_embeddings_lines_runs_as_a_job(sdk, local):
+    """OpenAI's Batch API takes /v1/embeddings lines: each output line is what the route answers; a
+    line the route would refuse is that line's error, the others run."""
+    import io
+    import json
+    import time
+
+    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": "all-minilm-l6-v2", "input": TEXTS[i % len(TEXTS)]}} for i in range(12)]
+    lines[5]["body"]["dimensions"] = 64  # refused, as the route refuses it
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    upload = sdk.files.create(file=("emb.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = sdk.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed", "cancelled"):
+        assert time.monotonic() < deadline, batch.status
+        time.sleep(0.2)
+        batch = sdk.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 11 and batch.request_counts.failed == 1
+    out = {r["custom_id"]: r for r in map(json.loads, sdk.files.content(batch.output_file_id).text.splitlines())}
+    for i in range(12):
+        if i == 5:
+            continue
+        vector = out[f"e{i}"]["response"]["body"]["data"][0]["embedding"]
+        assert np.array_equal(np.float32(vector), local[i % len(TEXTS)])
+    errors = [json.loads(r) for r in sdk.files.content(batch.error_file_id).text.splitlines()]
+    assert [e["custom_id"] for e in errors] == ["e5"] and "not trained to be cut" in json.dumps(errors[0])
