@@ -38,8 +38,10 @@ $(TEST_STAMP): pyproject.toml
 	$(call install,.[test])
 	touch $(STAMP) $(TEST_STAMP)
 
+# what `make lab` needs (a fast BLAS); `make test` asks for its browser too (SYSTEM_DEPS_FOR=test)
+SYSTEM_DEPS_FOR ?= lab
 system-deps:
-	@bash scripts/system-deps.sh
+	@bash scripts/system-deps.sh $(SYSTEM_DEPS_FOR)
 
 # The coding agents' CLIs the tests drive (npm, into a cache; tests/agents/clis.py): a test that
 # finds one missing installs it, or skips with the reason when npm is absent or fails.
@@ -78,7 +80,7 @@ endif
 # one kernel. Files go out in the order tests/conftest.py gives them, the longest first.
 PARALLEL := $(MAKE) --no-print-directory -j2 --output-sync=target
 test:
-	@$(PARALLEL) -j3 system-deps $(TEST_STAMP) agents
+	@$(PARALLEL) -j3 SYSTEM_DEPS_FOR=test system-deps $(TEST_STAMP) agents
 	@$(PARALLEL) kernels labextension
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
