@@ -2,15 +2,22 @@
 installed, the pins that keep them so are exact, and the guard fails loudly when one changes."""
 
 import re
-import tomllib
 from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import tomllib
 
 from mlx_nb.engine.batch import upstream_guard
-from mlx_nb.engine.batch.upstream_guard import INSTANCE_ATTRIBUTES, PRIVATE_API, Private, UpstreamChanged, check
+from mlx_nb.engine.batch.upstream_guard import (
+    INSTANCE_ATTRIBUTES,
+    PRIVATE_API,
+    VLM_INSTANCE_ATTRIBUTES,
+    Private,
+    UpstreamChanged,
+    check,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,10 +73,27 @@ def test_instance_attributes_we_read_exist_on_real_batches():
     seen["BatchGenerator"] = gen
     seen["BatchKVCache"] = next(c for c in gen._generation_batch.prompt_cache if type(c).__name__ == "BatchKVCache")
     seen["KVCache"] = next(c for c in loaded.make_cache() if type(c).__name__ == "KVCache")
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+
+    tok = loaded.tokenizer._tokenizer
+    for detok in (BPEStreamingDetokenizer(tok), SPMStreamingDetokenizer(tok)):
+        detok.add_token(5)  # the text attribute appears with the first token
+        seen[type(detok).__name__] = detok
     for cls, names in INSTANCE_ATTRIBUTES.items():
         missing = [n for n in names if not hasattr(seen[cls], n)]
         assert not missing, f"mlx_lm's {cls} no longer has {missing}: pin mlx-lm or adapt mlx_nb/engine/batch/decode.py"
     gen.close()
+
+
+@pytest.mark.parametrize("family", ["tiny-qwen2-vl", "tiny-qwen2.5-vl"])
+def test_the_mrope_state_we_read_exists_on_mlx_vlms_language_models(family):
+    from mlx_nb.models import load_model
+
+    lm = load_model(family).model.language_model
+    for cls, names in VLM_INSTANCE_ATTRIBUTES.items():
+        assert type(lm).__name__ == cls
+        missing = [n for n in names if not hasattr(lm, n)]
+        assert not missing, f"mlx_vlm's {family} {cls} no longer has {missing}: pin mlx-vlm or adapt mlx_nb/models/vision.py"
 
 
 def test_the_libraries_the_engine_reaches_into_are_pinned_exactly():
@@ -82,4 +106,4 @@ def test_the_libraries_the_engine_reaches_into_are_pinned_exactly():
     for name in ("mlx", "mlx-lm", "mlx-vlm"):
         assert name in pins, f"{name} is not pinned with == in pyproject.toml"
         assert version(name) == pins[name], f"{name} {version(name)} is installed, {pins[name]} is pinned"
-    assert pins["mlx-lm"] == upstream_guard.TESTED["mlx-lm"]
+    assert pins["mlx-lm"] == upstream_guard.TESTED["mlx-lm"] and pins["mlx-vlm"] == upstream_guard.TESTED["mlx-vlm"]

@@ -1,4 +1,4 @@
-"""The private parts of mlx_lm the engine builds on, named in one table and checked.
+"""The private parts of mlx_lm (and mlx_vlm) the engine builds on, named in tables and checked.
 
 `decode.py` subclasses mlx_lm's batch classes and overrides private methods (`GenerationBatch._step` / `next`,
 `PromptProcessingBatch.split` / `generate` / `prompt`, `BatchGenerator._make_batch`) and reads private
@@ -18,7 +18,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Optional
 
-TESTED = {"mlx-lm": "0.32.2"}
+TESTED = {"mlx-lm": "0.32.2", "mlx-vlm": "0.7.10"}
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,15 @@ INSTANCE_ATTRIBUTES = {
                        "prefill_step_size"),
     "BatchKVCache": ("keys", "values", "offset", "left_padding", "_idx", "_right_padding"),
     "KVCache": ("keys", "values", "offset"),
+    # engine/text/textstream.py trims the text a BPE or SPM streaming detokenizer keeps
+    "BPEStreamingDetokenizer": ("text", "offset", "last_segment"),
+    "SPMStreamingDetokenizer": ("text", "offset", "last_segment"),
 }
+
+# mlx_vlm's: the mRoPE state its language models keep on the module for the current request
+# (models/vision.py installs each batch row's own; the sequential lane and the vision prefill clear
+# and read it), checked on a real instance of each family that has it (tiny-qwen2-vl, tiny-qwen2.5-vl).
+VLM_INSTANCE_ATTRIBUTES = {"LanguageModel": ("_position_ids", "_rope_deltas")}
 
 
 def _resolve(where: str):
