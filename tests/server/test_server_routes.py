@@ -245,7 +245,7 @@ async def test_messages_errors_are_anthropic_shaped(jp_fetch, mlx_ready):
 async def test_unknown_route_and_method(jp_fetch, mlx_ext):
     for parts, method in [
         (("mlx", "v1", "nope"), "GET"),
-        (("mlx", "v1", "embeddings"), "POST"),
+        (("mlx", "v1", "audio", "speech"), "POST"),
         (("mlx", "v1"), "GET"),
     ]:
         kwargs = {"body": b"{}"} if method == "POST" else {}
