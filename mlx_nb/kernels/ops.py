@@ -18,6 +18,14 @@ def log_softmax(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
+def gelu(x: mx.array) -> mx.array:
+    """The exact (erf) GELU of BERT-style encoders. MLX's CPU `erf` reads ~38M values/s here, two
+    thirds of an encoder's forward; the kernel's vectorized one, across the cores, ~20x that."""
+    if kernels.available():
+        return kernels.native().gelu(x)
+    return x * (1 + mx.erf(x / 2**0.5)) / 2
+
+
 def sample(logits: mx.array, *, temperature: mx.array, top_p: mx.array, top_k: mx.array, min_p: mx.array,
            uniform: Callable[[], mx.array], fallback: Callable[[], mx.array]) -> mx.array:
     """One token per row of logits [B, V] with mlx_lm's sampler semantics and per-row settings, drawn

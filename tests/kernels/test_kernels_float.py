@@ -1,4 +1,4 @@
-"""The float kernels (RMSNorm, RoPE, the SiLU gates, the softmax family, attention, q/k/v split)
+"""The float kernels (RMSNorm, RoPE, the SiLU gates, the softmax family, GELU, attention, q/k/v split)
 against float64 NumPy on every instruction set, with odd sizes; and each row's result the same
 alone and in a batch."""
 
@@ -30,6 +30,26 @@ def test_row_ops(isa, native, n):
     _close(native.log_softmax(mx.array(x)), x - ref.logsumexp(x), 1e-5)
     e = np.clip(x, -80, 80)
     _close(native.exp(mx.array(e)), np.exp(e.astype(np.float64)), 1e-6)
+    _close(native.gelu(mx.array(x)), gelu64(x), 1e-6)
+
+
+def gelu64(x):
+    """The exact GELU in float64 (math.erf)."""
+    import math
+
+    x = np.asarray(x, np.float64)
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def test_gelu_elementwise_error_over_its_whole_range(isa, native):
+    """Every value from -12 to 12 (and a few far out) within 1e-7 |x| of float64, plus a float's
+    rounding: the erfc approximation's error (<= 1.5e-7, halved) scaled by x, as the next layer's sum
+    sees it (a negative x's tiny GELU is not held to its own relative precision)."""
+    x = np.concatenate([np.linspace(-12, 12, 48001), [-1e4, -50.0, -0.0, 0.0, 1e-30, 50.0, 1e4]]).astype(np.float32)
+    got = np.asarray(native.gelu(mx.array(x[None])), np.float64)[0]
+    want = gelu64(x)
+    assert np.all(np.abs(got - want) <= 1e-7 * np.maximum(1, np.abs(x)) + 2 * np.spacing(np.abs(want).astype(np.float32)))
+    assert np.all(np.isfinite(got))
 
 
 def test_masked_entries_are_exact_zeros(native):

@@ -208,6 +208,7 @@ class Embedder:
         from mlx_embeddings.utils import load_model
 
         model = load_model(self.folder)
+        swap_gelu(model)
         self.weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         mx.eval(model.parameters())
         return model
@@ -265,6 +266,26 @@ class Embedder:
                 return
             if work is not None:
                 work.future.set_exception(EmbedderUnavailable(f"{self.model_name} is closed"))
+
+
+def swap_gelu(model) -> int:
+    """The encoder's exact GELUs (mlx.nn.GELU modules) swapped for the kernels' (kernels/ops.gelu), through
+    MLX's module API as nn.quantize swaps layers; the number swapped. An approximate GELU is left as is."""
+    import mlx.nn as nn
+
+    from mlx_nb.kernels import ops
+
+    class ExactGelu(nn.Module):
+        def __call__(self, x):
+            return ops.gelu(x)
+
+    swapped = 0
+    for _, module in model.named_modules():
+        for name, child in list(module.children().items()):
+            if isinstance(child, nn.GELU) and getattr(child, "_approx", "none") == "none":
+                setattr(module, name, ExactGelu())
+                swapped += 1
+    return swapped
 
 
 def pool(hidden: Any, mask: Any, mode: str) -> Any:

@@ -55,6 +55,7 @@ NB_MODULE(_native, m) {
         "silu(x[..., :H]) * x[..., H:], a fused gate-and-up projection's activation");
   m.def("softmax", &mlxnb::softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("log_softmax", &mlxnb::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("gelu", &mlxnb::gelu, "x"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("logsumexp", &mlxnb::logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("exp", &mlxnb::exp, "x"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("sample", &mlxnb::sample, "logits"_a, nb::kw_only(), "temperature"_a, "top_p"_a, "top_k"_a, "min_p"_a,

@@ -27,6 +27,27 @@ void silu_mul_t(const float* g, const float* u, float* y, int64_t n) {
   });
 }
 
+// y = gelu(x) = x Phi(x), BERT's exact GELU. With q = Phi(-|x|) = erfc(|x|/sqrt 2)/2, from Abramowitz &
+// Stegun 7.1.26 (erfc(z) = p(t) exp(-z^2), t = 1/(1 + 0.3275911 z), |error| <= 1.5e-7):
+// gelu = x q + max(x, 0)(1 - 2q), which is x(1 - q) for x >= 0 and x q below, with no branch and no
+// cancellation on the negative side (where x (1 + erf) would subtract two numbers near |x|).
+template <class V>
+void gelu_t(const float* x, float* y, int64_t n) {
+  map1<V::W>(x, y, n, [](const float* a, float* out) {
+    const typename V::reg xv = V::load(a);
+    const typename V::reg z = V::mul(V::max(xv, V::sub(V::zero(), xv)), V::set1(0.70710678118654752f));
+    const typename V::reg t = V::div(V::set1(1.0f), V::fmadd(V::set1(0.3275911f), z, V::set1(1.0f)));
+    typename V::reg p = V::set1(1.061405429f);
+    p = V::fmadd(p, t, V::set1(-1.453152027f));
+    p = V::fmadd(p, t, V::set1(1.421413741f));
+    p = V::fmadd(p, t, V::set1(-0.284496736f));
+    p = V::fmadd(p, t, V::set1(0.254829592f));
+    const typename V::reg q = V::mul(V::mul(V::set1(0.5f), V::mul(p, t)), V::exp(V::sub(V::zero(), V::mul(z, z))));
+    const typename V::reg rest = V::sub(V::set1(1.0f), V::add(q, q));
+    V::store(out, V::fmadd(V::max(xv, V::zero()), rest, V::mul(xv, q)));
+  });
+}
+
 template <class V>
 void rms_norm_t(const float* x, const float* w, float* y, int64_t n, float eps) {
   typename V::reg ss = V::zero();

@@ -122,6 +122,8 @@ struct Isa {
   void (*sub_scalar)(const float* x, float c, float* y, int64_t n);
   // One block of attention's query rows (see AttnBlock).
   void (*attn_block)(const struct AttnBlock& a);
+  // y = gelu(x), the exact (erf) form
+  void (*gelu)(const float* x, float* y, int64_t n);
 };
 
 extern const Isa kPortable;

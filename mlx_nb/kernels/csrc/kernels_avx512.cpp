@@ -323,6 +323,6 @@ struct Vec {
 }  // namespace
 
 const Isa kAvx512 = {"avx512", quantize_rows, qgemm, vexp_t<Vec>, silu_mul_t<Vec>, rms_norm_t<Vec>,
-                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_block_t<Vec>};
+                    softmax_t<Vec>, logsumexp_t<Vec>, sub_scalar_t<Vec>, attn_block_t<Vec>, gelu_t<Vec>};
 
 }  // namespace mlxnb

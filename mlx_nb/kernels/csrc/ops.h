@@ -74,6 +74,8 @@ mx::array silu_gate(const mx::array& x, mx::StreamOrDevice s = {});
 // Along the last axis.
 mx::array softmax(const mx::array& x, mx::StreamOrDevice s = {});
 mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
+// gelu(x) = x/2 (1 + erf(x/sqrt 2)), the exact GELU of BERT-style encoders
+mx::array gelu(const mx::array& x, mx::StreamOrDevice s = {});
 mx::array logsumexp(const mx::array& x, mx::StreamOrDevice s = {});  // keeps the last axis as 1
 mx::array exp(const mx::array& x, mx::StreamOrDevice s = {});
 // One token per row of logits [B, V] with mlx_lm's make_sampler semantics and per-row settings

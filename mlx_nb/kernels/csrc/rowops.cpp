@@ -1,4 +1,4 @@
-// Row-wise float kernels as MLX primitives: RMSNorm, the SiLU gates, the softmax family, exp.
+// Row-wise float kernels as MLX primitives: RMSNorm, the SiLU gates, the softmax family, exp, GELU.
 #include "common.h"
 #include "isa.h"
 #include "ops.h"
@@ -6,7 +6,7 @@
 namespace mlxnb {
 namespace {
 
-enum class RowKind { kRmsNorm, kSiluMul, kSiluGate, kSoftmax, kLogSoftmax, kLogSumExp, kExp };
+enum class RowKind { kRmsNorm, kSiluMul, kSiluGate, kSoftmax, kLogSoftmax, kLogSumExp, kExp, kGelu };
 
 class RowOp : public CpuOnly {
  public:
@@ -19,6 +19,7 @@ class RowOp : public CpuOnly {
       case RowKind::kSoftmax: return "MlxNbSoftmax";
       case RowKind::kLogSoftmax: return "MlxNbLogSoftmax";
       case RowKind::kLogSumExp: return "MlxNbLogSumExp";
+      case RowKind::kGelu: return "MlxNbGelu";
       default: return "MlxNbExp";
     }
   }
@@ -49,6 +50,7 @@ class RowOp : public CpuOnly {
             case RowKind::kLogSoftmax: k.sub_scalar(xr, k.logsumexp(xr, n), o + r * n, n); break;
             case RowKind::kLogSumExp: o[r] = k.logsumexp(xr, n); break;
             case RowKind::kExp: k.exp(xr, o + r * n, n); break;
+            case RowKind::kGelu: k.gelu(xr, o + r * n, n); break;
           }
         }
       });
@@ -98,5 +100,6 @@ mx::array logsumexp(const mx::array& x, mx::StreamOrDevice s) {
   return row_op("logsumexp", RowKind::kLogSumExp, x, {}, s, 0.0f, 1);
 }
 mx::array exp(const mx::array& x, mx::StreamOrDevice s) { return row_op("exp", RowKind::kExp, x, {}, s); }
+mx::array gelu(const mx::array& x, mx::StreamOrDevice s) { return row_op("gelu", RowKind::kGelu, x, {}, s); }
 
 }  // namespace mlxnb
