@@ -37,8 +37,8 @@ from mlx_nb.models.progress import LoadProgress
 
 __all__ = ["Engine", "EngineClosedError"]
 
-# the settings the loop and the batch runner read (Engine.options)
-LOOP_SETTINGS = ("max_batch", "prefill_batch", "prefill_step_size", "prefill_budget_s", "speculation", "draft_model",
+# the settings status()["options"] shows (Engine.options)
+STATUS_SETTINGS = ("max_batch", "prefill_batch", "prefill_step_size", "prefill_budget_s", "speculation", "draft_model",
                  "kv_bits", "kv_group_size", "job_rows_under_load")
 
 
@@ -74,7 +74,6 @@ class Engine(PrefixCacheControls, AdapterControls):
 
         self.model_name = model or DEFAULT_MODEL
         self.config = cfg = EngineConfig.of(config, **settings)
-        self.options = {k: getattr(cfg, k) for k in LOOP_SETTINGS}  # what the loop and runner read; status() shows it
         self.event_log = EventLog(cfg.event_capacity)
         self.image_options = ImageOptions(  # local image files are read only under image_roots (default: cwd)
             roots=cfg.image_roots if cfg.image_roots is not None else [os.getcwd()],
@@ -83,13 +82,8 @@ class Engine(PrefixCacheControls, AdapterControls):
             max_bytes=cfg.max_image_bytes,
             max_pixels=cfg.max_image_pixels,
         )
-        self.prefix_options = dict(enabled=cfg.prefix_cache, max_bytes=cfg.prefix_cache_bytes, dir=cfg.prefix_cache_dir,
-                                   disk_bytes=cfg.prefix_cache_disk_bytes)
-        self.memory_options = dict(memory_limit=cfg.memory_limit, buffer_cache_bytes=cfg.buffer_cache_bytes)
         self.load_progress = LoadProgress()  # the load's phase, for status() while it runs
-        self._loop = EngineLoop(self.model_name, self.options, self.prefix_options, self.memory_options,
-                                self.event_log, cfg.batch_policy, self.load_progress,
-                                load_options=dict(quantize=cfg.quantize))
+        self._loop = EngineLoop(self.model_name, cfg, self.event_log, self.load_progress)
         self._intake = Intake(self.model_name, self.image_options, self._loop)  # requests in, on the caller's thread
         self._started = time.time()
         self._job = workers.start(self._loop.run)
@@ -99,6 +93,17 @@ class Engine(PrefixCacheControls, AdapterControls):
         self._close_loop.atexit = False  # _stop_all_at_exit stops the loop and waits for it instead
         if wait:
             self.wait_ready()
+
+    @property
+    def options(self) -> dict:
+        """The batch's settings, as status()["options"] shows them."""
+        return {k: getattr(self.config, k) for k in STATUS_SETTINGS}
+
+    @property
+    def prefix_options(self) -> dict:
+        cfg = self.config
+        return dict(enabled=cfg.prefix_cache, max_bytes=cfg.prefix_cache_bytes, dir=cfg.prefix_cache_dir,
+                    disk_bytes=cfg.prefix_cache_disk_bytes)
 
     # -- readiness ---------------------------------------------------------------------------
     @property
@@ -306,7 +311,7 @@ class Engine(PrefixCacheControls, AdapterControls):
             "latency": runner.latency.snapshot(),
             "tokens_per_s": runner.generated_tokens / uptime if uptime else 0.0,
             "memory": self._loop.memory.status(runner.prefix),
-            "options": dict(self.options),
+            "options": self.options,
             # the KV cache's format: float, or quantized (bits, group size); and why float when asked otherwise
             "kv_cache": kv_status(self._loop.kv, self._loop.kv_note),
             "prefix_cache": runner.prefix.status() if runner.prefix is not None else {"enabled": False},

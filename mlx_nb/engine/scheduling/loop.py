@@ -71,16 +71,10 @@ def _interactive(cmd: tuple) -> list:
 
 
 class EngineLoop:
-    def __init__(self, model_name: str, options: dict, prefix_options: dict, memory_options: dict,
-                 event_log: EventLog, forced_policy: Optional[str] = None, load_progress=None,
-                 load_options: Optional[dict] = None):
+    def __init__(self, model_name: str, config, event_log: EventLog, load_progress=None):
         self.model_name = model_name
-        self.load_options = load_options or {}
-        self.options = options
-        self.prefix_options = prefix_options
-        self.memory_options = memory_options
+        self.config = config  # the Engine's EngineConfig (engine/config.py)
         self.event_log = event_log
-        self.forced_policy = forced_policy
         self.load_progress = load_progress  # a models.progress.LoadProgress the loader reports into
         self.policy = None  # how the model batches (engine/batch/batchability.py), set at load
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -147,8 +141,9 @@ class EngineLoop:
         from mlx_nb.runtime import runtime_info
 
         self.runtime = runtime_info()
-        loaded = load_model(self.model_name, **self.load_options)
-        self.policy = policy_for(loaded, self.forced_policy)
+        cfg = self.config
+        loaded = load_model(self.model_name, quantize=cfg.quantize)
+        self.policy = policy_for(loaded, cfg.batch_policy)
         if loaded.kind == "text" and needs_check(self.policy, loaded.make_cache()):
             from mlx_nb.engine.batch.batch_probe import cached_check
             from mlx_nb.models.progress import report
@@ -158,9 +153,8 @@ class EngineLoop:
         if self.policy.mode == "refused":
             raise ModelLoadError(refusal(self.model_name, self.policy))
         self.loaded = loaded
-        self.memory = MemoryPolicy(loaded, **self.memory_options)
-        runner_options = {k: v for k, v in self.options.items() if k not in ("kv_bits", "kv_group_size", "draft_model")}
-        self.kv, self.kv_note = kv_setting(loaded, self.options.get("kv_bits"), self.options.get("kv_group_size", 64))
+        self.memory = MemoryPolicy(loaded, memory_limit=cfg.memory_limit, buffer_cache_bytes=cfg.buffer_cache_bytes)
+        self.kv, self.kv_note = kv_setting(loaded, cfg.kv_bits, cfg.kv_group_size)
         if self.kv_note:
             log.warning("mlx_nb: %s: KV cache stays float: %s", self.model_name, self.kv_note)
         # Snapshots at segment ends (system prompt, conversation before the reply) are how a model
@@ -168,32 +162,35 @@ class EngineLoop:
         # Plain KV caches are trimmed back from any stored entry instead: no snapshot (each one is
         # an extra prefill step and a cache copy per request).
         # The sequential lane starts every request from an empty cache: no prefix reuse there.
-        reuse = self.prefix_options["enabled"] and self.policy.mode != "sequential"
+        reuse = cfg.prefix_cache and self.policy.mode != "sequential"
         self.snapshots = reuse and not all(always_trimmable(c) for c in loaded.make_cache())
         drafter = None
-        if self.options.get("draft_model") and runner_options.get("speculation", True):
+        if cfg.draft_model and cfg.speculation:
             from mlx_nb.engine.speculation.draft import load_draft
 
-            drafter, self.draft_note = load_draft(loaded, self.options["draft_model"])
+            drafter, self.draft_note = load_draft(loaded, cfg.draft_model)
             if self.draft_note:
                 log.warning("mlx_nb: %s: %s", self.model_name, self.draft_note)
             else:  # held beside the model's weights: the registry's budget and the prefix budget count it
                 self.memory.draft_weights = drafter.weights_bytes
         prefix = None
         if reuse:
-            budget = self.memory.prefix_budget(self.prefix_options["max_bytes"])
+            budget = self.memory.prefix_budget(cfg.prefix_cache_bytes)
             prefix = PrefixCache(self.model_name, budget, disk=self._disk_store(loaded))
         self.runner = BatchRunner(loaded, self.event_log, prefix=prefix, policy=self.policy, kv=self.kv,
-                                  drafter=drafter, draft_note=self.draft_note, **runner_options)
+                                  drafter=drafter, draft_note=self.draft_note, max_batch=cfg.max_batch,
+                                  prefill_batch=cfg.prefill_batch, prefill_step_size=cfg.prefill_step_size,
+                                  prefill_budget_s=cfg.prefill_budget_s, speculation=cfg.speculation,
+                                  job_rows_under_load=cfg.job_rows_under_load)
         if loaded.kind == "vision" and self.policy.mode != "sequential":  # else the lane reads the images
             from mlx_nb.engine.scheduling.vision_prefill import VisionPrefills
 
-            self.prefills = VisionPrefills(loaded, self.event_log, self.runner, self.options["prefill_step_size"],
-                                           self.options["prefill_budget_s"])
+            self.prefills = VisionPrefills(loaded, self.event_log, self.runner, cfg.prefill_step_size,
+                                           cfg.prefill_budget_s)
 
     def _disk_store(self, loaded):
         """The prefix cache's folder on disk for this model's weights, if one was asked for."""
-        folder = self.prefix_options.get("dir")
+        folder = self.config.prefix_cache_dir
         if not folder:
             return None
         from mlx_nb.engine.batch.batch_probe import fingerprint
@@ -205,7 +202,7 @@ class EngineLoop:
             log.info("mlx_nb: %s's cache cannot be saved to disk; its prefix cache stays in memory", self.model_name)
             return None
         mark = fingerprint(loaded) + ("" if self.kv is None else "-" + self.kv.label)  # float and quantized apart
-        return DiskPrefixStore(folder, mark, classes, self.prefix_options.get("disk_bytes"), kv=self.kv)
+        return DiskPrefixStore(folder, mark, classes, self.config.prefix_cache_disk_bytes, kv=self.kv)
 
     def _spill(self) -> bool:
         """Idle: write one prefix-cache entry to disk; whether there may be more."""
