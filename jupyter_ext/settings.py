@@ -15,7 +15,7 @@ from typing import Any
 from traitlets import Bool, Float, Int, Unicode
 from traitlets.config import Configurable
 
-from mlx_nb.engine import EngineConfig
+from mlx_nb.engine import settings_rows
 
 
 def _trait(hint: Any, default: Any, help: str):
@@ -29,18 +29,14 @@ def _trait(hint: Any, default: Any, help: str):
 
 def engine_traits() -> dict:
     """{name: trait} for every EngineConfig setting the server exposes."""
-    import dataclasses
-
-    hints = typing.get_type_hints(EngineConfig)
-    return {f.name: _trait(hints[f.name], f.default, f.metadata["help"])
-            for f in dataclasses.fields(EngineConfig) if f.metadata["server"]}
+    return {r["name"]: _trait(r["type"], r["default"], r["help"]) for r in settings_rows() if r["server"]}
 
 
-SERVER_ENGINE_SETTINGS = tuple(engine_traits())
+_TRAITS = engine_traits()
+SERVER_ENGINE_SETTINGS = tuple(_TRAITS)
 
 # The engine's settings as traits; MLXExtension inherits them (c.MLXExtension.max_batch = 8).
-EngineTraits = type("EngineTraits", (Configurable,), {"__doc__": "The engine's settings (EngineConfig).",
-                                                      **engine_traits()})
+EngineTraits = type("EngineTraits", (Configurable,), {"__doc__": "The engine's settings (EngineConfig).", **_TRAITS})
 
 
 def engine_kwargs(app, **own: Any) -> dict:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "Engine": "engine",
     "EngineConfig": "config",
+    "settings_rows": "config",
     "Embedder": "embedding.embedder",
     "Embeddings": "embedding.embedder",
     "EmbedderUnavailable": "embedding.files",
@@ -85,7 +86,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time names load on fi
     from mlx_nb.engine.batch.upstream import responses
     from mlx_nb.engine.caches.kv_quant import KVQuantization
     from mlx_nb.engine.caches.prefix_disk import default_folder as default_prefix_folder
-    from mlx_nb.engine.config import EngineConfig
+    from mlx_nb.engine.config import EngineConfig, settings_rows
     from mlx_nb.engine.embedding.embedder import Embedder, Embeddings
     from mlx_nb.engine.embedding.files import DEFAULT_EMBEDDER, EmbedderUnavailable
     from mlx_nb.engine.engine import Engine

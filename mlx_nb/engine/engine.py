@@ -304,7 +304,8 @@ class Engine(PrefixCacheControls, AdapterControls):
             "sampling_defaults": self.sampling_defaults(),
             "tool_format": self.tool_format(),
             "fill_in_the_middle": fim_of(self.loaded),  # the FIM spelling a `suffix` uses, or None
-            "reasoning": (fmt.name if (fmt := self._intake.reasoning_format(self.loaded)) else None),  # a thinking model's markers
+            # a thinking model's markers
+            "reasoning": (fmt.name if (fmt := self._intake.reasoning_format(self.loaded)) else None),
             "steps": runner.steps,
             "generated_tokens": runner.generated_tokens,
             "prompt_tokens": runner.prompt_tokens,
@@ -363,15 +364,14 @@ class Engine(PrefixCacheControls, AdapterControls):
 
 def _signature_with_settings():
     """Engine's signature with every EngineConfig setting as a keyword, for help() and completion."""
-    import dataclasses
     import inspect
+
+    from mlx_nb.engine.config import settings_rows
 
     P = inspect.Parameter
     params = [P("self", P.POSITIONAL_OR_KEYWORD), P("model", P.POSITIONAL_OR_KEYWORD, default=None),
               P("config", P.KEYWORD_ONLY, default=None), P("wait", P.KEYWORD_ONLY, default=False)]
-    for f in dataclasses.fields(EngineConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        params.append(P(f.name, P.KEYWORD_ONLY, default=default, annotation=f.type))
+    params += [P(r["name"], P.KEYWORD_ONLY, default=r["default"], annotation=r["type"]) for r in settings_rows()]
     return inspect.Signature(params)
 
 
