@@ -34,13 +34,11 @@ class EmbeddingsHandler(ProxyMixin, MLXHandler):
             embedder = await asyncio.to_thread(self.ext.start_embedder)
         except EmbedderUnavailable as exc:
             raise embedder_unavailable(exc) from None
-        wire.check_dimensions(req, embedder.model_name, embedder.dimensions)
         try:
-            result = await asyncio.to_thread(embedder.embed, wire.inputs_of(req), req.truncate)
+            body = await asyncio.to_thread(wire.answer, req, embedder)
         except (RuntimeError, MemoryError) as exc:  # the model's thread failed: not the client's doing
             raise server_error(f"{embedder.model_name} failed: {exc}") from None
-        self.write_json(wire.embedding_response(embedder.model_name, result.vectors, result.tokens,
-                                                req.encoding_format))
+        self.write_json(body)
 
 
 def embedder_unavailable(exc: Exception) -> APIError:

@@ -27,7 +27,6 @@ class EmbeddingRequest(BaseModel):
     input: Union[str, list[str], list[int], list[list[int]]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = None
-    user: Optional[str] = None
     truncate: bool = False
 
 
@@ -72,3 +71,11 @@ def embedding_response(model: str, vectors, tokens: int, encoding_format: str = 
         data.append({"object": "embedding", "index": i, "embedding": embedding})
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": int(tokens), "total_tokens": int(tokens)}}
+
+
+def answer(req: EmbeddingRequest, embedder) -> dict:
+    """The reply body for `req` from `embedder` (an Embedder: blocks while it embeds; call it from a
+    thread): what the route and a batch's embeddings lines both send back."""
+    check_dimensions(req, embedder.model_name, embedder.dimensions)
+    result = embedder.embed(inputs_of(req), req.truncate)
+    return embedding_response(embedder.model_name, result.vectors, result.tokens, req.encoding_format)

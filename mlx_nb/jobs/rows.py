@@ -150,15 +150,13 @@ async def embedding_row(row: dict, target) -> dict:
     try:
         req = wire.parse_embedding_request(json.dumps(row["body"]).encode())
         embedder = await target.embedder(req.model)
-        wire.check_dimensions(req, embedder.model_name, embedder.dimensions)
-        result = await asyncio.to_thread(embedder.embed, wire.inputs_of(req), req.truncate)
+        body = await asyncio.to_thread(wire.answer, req, embedder)
     except APIError as exc:
         return _error_line(row, exc)
     except RequestError as exc:
         return _error_line(row, from_request_error(exc))
     except LookupError as exc:
         return output_line(row, 400, None, {"code": "invalid_request", "message": str(exc)})
-    body = wire.embedding_response(embedder.model_name, result.vectors, result.tokens, req.encoding_format)
     return output_line(row, 200, body, None)
 
 

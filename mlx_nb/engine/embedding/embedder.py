@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +55,6 @@ class Embedder:
     """`Embedder()` serves the default embedder (all-MiniLM-L6-v2); `Embedder(folder)` a
     sentence-transformers folder of a family mlx-embeddings runs. `embed(texts)` -> Embeddings."""
 
-    kind = "embedding"
-
     def __init__(self, model: Optional[str] = None, *, max_batch_tokens: int = 8192, wait: bool = False):
         self.model_name = model or DEFAULT_EMBEDDER
         self.max_batch_tokens = max_batch_tokens
@@ -79,11 +76,9 @@ class Embedder:
         self._ready = threading.Event()
         self._closed = False
         self._busy = 0
-        self._last_used = time.monotonic()
         self.load_error: Optional[BaseException] = None
         self.weights_bytes = 0
-        self.forwards = 0  # forwards run, for status (how many inputs each took: batching is visible)
-        self.inputs = 0
+        self.forwards = 0  # forwards run: fewer than the requests when they shared them
         self._job = workers.start(self._run, name="mlx-nb-embedder")
         if wait:
             self.wait_ready()
@@ -158,12 +153,6 @@ class Embedder:
     def _done(self) -> None:
         with self._lock:
             self._busy -= 1
-            self._last_used = time.monotonic()
-
-    def status(self) -> dict:
-        return {"model": self.model_name, "kind": self.kind, "ready": self.ready, "dimensions": self.dimensions,
-                "max_tokens": self.max_tokens, "pooling": self.pooling.mode, "normalized": self.pooling.normalize,
-                "forwards": self.forwards, "inputs": self.inputs, "weights_bytes": self.weights_bytes}
 
     def close(self, timeout: float = 30.0) -> None:
         if self._closed:
@@ -255,7 +244,6 @@ class Embedder:
             pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
         result = np.array(pooled)
         self.forwards += 1
-        self.inputs += len(ids)
         return result
 
     def _fail_waiting(self) -> None:
