@@ -137,12 +137,10 @@ class BatchRunner:
             return  # the next wave joins when the batch has room for it
         rows = self.lane.take(max(0, room))
         self._start(rows)
-        if rows and not interactive and not self.sequential:
+        if rows and not interactive:
             # a wave into a batch of job rows alone: its prompts are read in paced steps from the
             # first (engine/scheduling/pacing.py), or a chat arriving would wait for all of them at once
-            waiting = sum(1 for lv in self.by_uid.values() if lv.phase in ("queued", "prefill"))
-            self._bg.prefill_step_size = self.pacer.next_chunk(0.0, 0, len(self.decoding), waiting,
-                                                               rows=min(waiting, self.prefill_batch), background=True)
+            self._pace(0.0, 0)
 
     def _start(self, rows: list) -> None:
         """Rows from the lane into the batch; one that cannot start ends with its error, alone."""
@@ -314,14 +312,19 @@ class BatchRunner:
             self._recover(exc)
             return
         self._peak_batch = max(self._peak_batch, len(self.decoding))
+        self._pace(step_s, self._read_tokens)
+        if self.decoding:
+            self.events.publish("step", self.steps, list(self.decoding), batch_size=len(self.decoding))
+
+    def _pace(self, step_s: float, read_tokens: int) -> None:
+        """The next step's prompt chunk per row (engine/scheduling/pacing.py), from the last step's time
+        and the prompt tokens it read; the batch holding job rows alone reads in background steps."""
         waiting = sum(1 for lv in self.by_uid.values() if lv.phase in ("queued", "prefill"))
         background = bool(self.by_uid) and all(lv.extra.get("job") for lv in self.by_uid.values())
-        chunk = self.pacer.next_chunk(step_s, self._read_tokens, len(self.decoding), waiting,
+        chunk = self.pacer.next_chunk(step_s, read_tokens, len(self.decoding), waiting,
                                       rows=min(waiting, self.prefill_batch), background=background)
         if not self.sequential:  # the sequential lane reads generate_step's own chunks
             self._bg.prefill_step_size = chunk
-        if self.decoding:
-            self.events.publish("step", self.steps, list(self.decoding), batch_size=len(self.decoding))
 
     def _on_prompt(self, r) -> None:
         live = self.by_uid.get(r.uid)
