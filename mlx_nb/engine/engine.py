@@ -206,12 +206,7 @@ class Engine(PrefixCacheControls, AdapterControls):
         `reasoning_budget` closes the reasoning after that many tokens. `split_reasoning=False` keeps
         the reply as the model wrote it, markers and all (a raw completion).
         """
-        self._check_open()
-        self.wait_ready()
-        loaded = self.loaded  # one read: the loop drops it when it stops
-        if loaded is None:
-            raise EngineClosedError("the engine has stopped: create a new Engine")
-        return self._intake.live(loaded, req)
+        return self._intake.live(self._ready_loaded(), req)
 
     # -- the tokenizer, as llama-server's routes expose it (no MLX: any thread) --------------------
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
@@ -231,6 +226,7 @@ class Engine(PrefixCacheControls, AdapterControls):
         return self._ready_loaded().vocab_size
 
     def _ready_loaded(self):
+        """The loaded model, read once (the loop drops it when it stops), once it is ready."""
         self._check_open()
         self.wait_ready()
         loaded = self.loaded
