@@ -253,8 +253,9 @@ class MLXExtension(EngineTraits, ExtensionApp):
             embedder = self.embedder
         return embedder.wait_ready()
 
-    def _embedder_named(self, model: Optional[str]):
-        """The embedder a batch's embeddings line names (LookupError for one this server has not)."""
+    def embedder_named(self, model: Optional[str]):
+        """The ready embedder a request or a batch's line names (None: the default); LookupError, before
+        anything loads, for one this server has not."""
         if model not in (None, "", *self.embedding_model_names()):
             raise LookupError(f"no embedding model {model!r} here: {', '.join(self.embedding_model_names())}")
         return self.start_embedder()
@@ -315,7 +316,7 @@ class MLXExtension(EngineTraits, ExtensionApp):
 
             target = RemoteTarget(self.backend_url, self.backend_api_key, self.backend_model, self.server_defaults)
         else:
-            target = LocalTarget(engine_for, self.server_defaults, self._embedder_named)
+            target = LocalTarget(engine_for, self.server_defaults, self.embedder_named)
         store = Store(self.jobs_dir or None, disk_bytes=self.jobs_disk_bytes, ttl_s=self.job_ttl_s)
         return JobManager(store, target, source="job: batch")
 

@@ -28,10 +28,10 @@ class EmbeddingsHandler(ProxyMixin, MLXHandler):
         if self.ext.remote is not None:  # the body as sent: the backend's embedder is named by the client
             return await self.relay(await self.ext.remote.open("POST", "embeddings", load_body(self.request.body)))
         req = wire.parse_embedding_request(self.request.body)
-        if req.model not in (None, "", *self.ext.embedding_model_names()):
-            raise model_not_found(req.model, self.ext.embedding_model_names())
         try:
-            embedder = await asyncio.to_thread(self.ext.start_embedder)
+            embedder = await asyncio.to_thread(self.ext.embedder_named, req.model)
+        except LookupError:
+            raise model_not_found(req.model, self.ext.embedding_model_names()) from None
         except EmbedderUnavailable as exc:
             raise embedder_unavailable(exc) from None
         try:
