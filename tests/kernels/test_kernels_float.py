@@ -41,6 +41,16 @@ def gelu64(x):
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 7, 33, 64])
+def test_gelu_rows_match_float64_and_each_row_is_the_same_alone(isa, native, rows):
+    rng = np.random.default_rng(rows)
+    x = (rng.standard_normal((rows, 37)) * 3).astype(np.float32)
+    batch = np.asarray(native.gelu(mx.array(x)))
+    _close(batch, gelu64(x), 1e-6)
+    for r in range(rows):
+        assert np.array_equal(np.asarray(native.gelu(mx.array(x[r:r + 1])))[0], batch[r])
+
+
 def test_gelu_elementwise_error_over_its_whole_range(isa, native):
     """Every value from -12 to 12 (and a few far out) within 1e-7 |x| of float64, plus a float's
     rounding: the erfc approximation's error (<= 1.5e-7, halved) scaled by x, as the next layer's sum
