@@ -137,7 +137,8 @@ def test_a_batch_survives_sigkill_and_resumes_every_row_once(tmp_path):
     jobs = tmp_path / "jobs"
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
-    data = ("\n".join(request_line(i, max_tokens=24) for i in range(64)) + "\n").encode()
+    # four short rows finish long before the rest, so the kill lands mid-batch however slow the machine is
+    data = ("\n".join(request_line(i, max_tokens=2 if i < 4 else 160) for i in range(64)) + "\n").encode()
     with serving(tmp_path / "first", MODEL, f"--MLXExtension.jobs_dir={jobs}") as first:
         client = sdk(first)
         upload = client.files.create(file=("kill.jsonl", data), purpose="batch")
