@@ -40,6 +40,7 @@ LONGEST_FIRST = [
     "tests/server/test_server_kv_quant.py",
     "tests/server/test_server_models.py",
     "tests/engine/test_engine_constrained.py",
+    "tests/training/test_training_jobs.py",
     "tests/browser/test_browser_thinking.py",
     "tests/engine/test_engine_memory.py",
     "tests/test_make_lab.py",

@@ -54,3 +54,42 @@ def adapter_reference(model_path, adapter_path, prompts: list[list[int]], max_to
     loaded = Loaded()
     loaded.model, loaded.tokenizer = model, tokenizer
     return [reply_tokens(loaded, p, max_tokens) for p in prompts]
+
+
+MAX_TOKENS = 12
+
+
+def prompts_of(seed: int, n: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(str(x) for x in rng.integers(0, 99, size=rng.integers(1, 14))) for _ in range(n)]
+
+
+def mixed_batch(model_path: Path, adapters: dict, seed: int, engine_kwargs: dict) -> None:
+    """Random prompts, each naming a random adapter or none, submitted together: every reply is
+    mlx_lm's with that adapter alone, and the adapters do change the replies."""
+    from mlx_nb import Engine
+    from mlx_nb.engine.inputs.prompts import encode_prompt
+    from mlx_nb.models import load_model
+
+    rng = np.random.default_rng(seed)
+    texts = prompts_of(seed, 10)
+    names = [None, *adapters, *rng.choice([None, *adapters], size=len(texts) - 1 - len(adapters)).tolist()]
+    tokenizer = load_model(str(model_path)).tokenizer
+    prompts = [encode_prompt(tokenizer, t, chat=False) for t in texts]
+    want = {}
+    for name in [None, *adapters]:
+        mine = [i for i, n in enumerate(names) if n == name]
+        if mine:
+            got = adapter_reference(model_path, adapters.get(name), [prompts[i] for i in mine], MAX_TOKENS)
+            want.update(zip(mine, got))
+    base = adapter_reference(model_path, None, prompts, MAX_TOKENS)
+    assert sum(want[i] != base[i] for i, n in enumerate(names) if n is not None) >= 2, "the adapters change nothing"
+    with Engine(str(model_path), wait=True, **engine_kwargs) as engine:
+        for name, folder in adapters.items():
+            engine.load_adapter(name, str(folder))
+        handles = [engine.submit(prompt=t, max_tokens=MAX_TOKENS, adapter=n) for t, n in zip(texts, names)]
+        got = [h.result(timeout=180) for h in handles]
+        assert engine.status()["peak_batch_size"] > 1
+    for i, (r, n) in enumerate(zip(got, names)):
+        assert r.error is None, r.error
+        assert r.token_ids == want[i], (i, n)

@@ -102,8 +102,9 @@ class _Embedded:
         named by the folder) or `base@name` (one already loaded on it); None without one."""
         from pathlib import Path
 
-        from mlx_nb.registry import split_adapter
+        from mlx_nb.client.training import trained_adapter
         from mlx_nb.models.adapters import is_adapter_dir
+        from mlx_nb.registry import split_adapter
 
         spec = split_adapter(model)[1]
         if spec is None:
@@ -111,10 +112,12 @@ class _Embedded:
         name = adapter_name(spec)
         with _ENGINES_LOCK:  # two chats naming it at once read it once
             if name not in {a["name"] for a in eng.adapters()}:
-                if not is_adapter_dir(Path(spec).expanduser()):  # a name: it had to be loaded already
-                    raise ClientError(f"{spec} is neither an adapter loaded on {eng.model_name} nor an mlx_lm adapter "
-                                      "folder (adapter_config.json + adapters.safetensors): name its folder")
-                eng.load_adapter(name, spec)
+                folder = spec if is_adapter_dir(Path(spec).expanduser()) else trained_adapter(spec)
+                if folder is None:  # a name: it had to be loaded already, or be one of our fine-tunes
+                    raise ClientError(f"{spec} is neither an adapter loaded on {eng.model_name}, an mlx_lm adapter "
+                                      "folder (adapter_config.json + adapters.safetensors) nor a fine-tune of "
+                                      "this data home: name its folder, or see client.training_jobs()")
+                eng.load_adapter(name, folder)
         return name
 
     def open(self, st: ChatStream, messages: list, params: dict, wait: LoadWait):

@@ -272,6 +272,47 @@ class Client:
         """Every job the backend keeps (the newest first): id, status, request_counts, progress."""
         return self._jobs().list()
 
+    # -- fine-tuning --------------------------------------------------------------------------
+    def train(self, data: Any, *, name: str, base: Optional[str] = None, val: Any = None, wait: bool = True,
+              progress: Any = True, **settings: Any):
+        """Fine-tune a LoRA adapter on `data` (conversations, prompt/completion or text rows: a list, a
+        pandas DataFrame or a JSONL path) and serve it as `base@name` beside the base model, in the
+        same batch, without a reload; checkpoints are served as `base@name:step-N` as they appear.
+        Settings: rank, scale, num_layers, iters, learning_rate, batch_size, mask_prompt (True),
+        max_seq_length, truncate, steps_per_save, seed (mlx_nb/training/settings.py). `val` is the
+        validation rows (default: a tenth of `data`). Runs in a worker process of this kernel, paused
+        while a chat is answered; kept on disk and resumed from its last checkpoint after a restart.
+        Returns the TrainJob (after it ends, unless `wait=False`)."""
+        from mlx_nb.client.training import start_training
+
+        if not self.embedded:
+            raise ClientError("fine-tuning runs on this process's engines: use Client() without a server URL "
+                              "(a server's fine-tuning route is not available yet)")
+        job = start_training(data, base or self.model_name(), name, val, settings)
+        if wait:
+            job.wait(progress=progress)
+        return job
+
+    def training_jobs(self) -> list[dict]:
+        """Every fine-tune this data home keeps (the newest first), with its losses and adapters."""
+        from mlx_nb.client.training import local_manager
+
+        return local_manager().list()
+
+    def compare(self, prompts: Any, models: list, *, max_tokens: int = 128, temperature: float = 0.0, **params: Any):
+        """Each prompt asked of each model at once, answers side by side: a pandas DataFrame (one column
+        per model) when pandas is installed, else a list of dicts. `models` may name adapters
+        (`base@name`), which share the base model's batch."""
+        from mlx_nb.client.training import compare
+
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        rows = compare(self, prompts, list(models), {"max_tokens": max_tokens, "temperature": temperature, **params})
+        try:
+            import pandas
+        except ImportError:
+            return rows
+        return pandas.DataFrame(rows)
+
     # -- introspection ------------------------------------------------------------------------
     # -- embeddings --------------------------------------------------------------------------
     def embed(self, texts: Any, *, model: Optional[str] = None, truncate: bool = False) -> "np.ndarray":

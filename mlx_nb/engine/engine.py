@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import time
 import weakref
 from typing import Any, Callable, Optional
@@ -86,6 +87,8 @@ class Engine(PrefixCacheControls, AdapterControls):
         self._loop = EngineLoop(self.model_name, cfg, self.event_log, self.load_progress)
         self._intake = Intake(self.model_name, self.image_options, self._loop)  # requests in, on the caller's thread
         self._started = time.time()
+        self._interactive: list[RequestHandle] = []  # handles of interactive requests, until done
+        self._interactive_lock = threading.Lock()
         self._job = workers.start(self._loop.run)
         _running[self._loop] = self._job
         # The loop holds no reference back to this Engine, so dropping the Engine runs this.
@@ -177,6 +180,7 @@ class Engine(PrefixCacheControls, AdapterControls):
     def submit_request(self, req: SubmitRequest) -> RequestHandle:
         """Validate, template and queue a request; returns at once with its handle (see `_prepared`)."""
         live = self._prepared(req)
+        self._count_interactive([live])
         self._loop.submit(live)
         return live.handle
 
@@ -185,8 +189,20 @@ class Engine(PrefixCacheControls, AdapterControls):
         queues none), then the engine admits them at the same step, so they are read as one prompt
         batch and decode side by side (a route's `n` choices)."""
         lives = [self._prepared(req) for req in reqs]
+        self._count_interactive(lives)
         self._loop.submit_all(lives)
         return [live.handle for live in lives]
+
+    def _count_interactive(self, lives: list) -> None:
+        with self._interactive_lock:
+            self._interactive = [h for h in self._interactive if not h.done]
+            self._interactive += [lv.handle for lv in lives if not lv.extra.get("job")]
+
+    def interactive_requests(self) -> int:
+        """Requests other than dataset jobs' rows that are queued or running, read on any thread
+        without waiting for a step: a fine-tune (mlx_nb/training) pauses while there are any."""
+        with self._interactive_lock:
+            return sum(1 for h in self._interactive if not h.done)
 
     def _prepared(self, req: SubmitRequest) -> LiveRequest:
         """A request validated, templated and tokenized on the caller's thread, ready to queue.

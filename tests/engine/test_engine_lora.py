@@ -20,7 +20,7 @@ from mlx_nb.models import load_model
 from mlx_nb.models.adapters import AdapterError
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from lora_fixture import adapter_reference, make_adapter  # noqa: E402
+from lora_fixture import adapter_reference, make_adapter, mixed_batch, prompts_of  # noqa: E402
 
 MAX_TOKENS = 12
 # three adapters unlike each other: attention only and low rank; every projection; the last layer only
@@ -29,38 +29,6 @@ ADAPTERS = {
     "every": dict(rank=4, scale=8.0),
     "last": dict(rank=8, scale=6.0, num_layers=1),
 }
-
-
-def _prompts(seed: int, n: int) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [" ".join(str(x) for x in rng.integers(0, 99, size=rng.integers(1, 14))) for _ in range(n)]
-
-
-def _mixed_batch(model_path: Path, adapters: dict, seed: int, engine_kwargs: dict) -> None:
-    """Random prompts, each naming a random adapter or none, submitted together: every reply is
-    mlx_lm's with that adapter alone, and the adapters do change the replies."""
-    rng = np.random.default_rng(seed)
-    texts = _prompts(seed, 10)
-    names = [None, *adapters, *rng.choice([None, *adapters], size=len(texts) - 1 - len(adapters)).tolist()]
-    tokenizer = load_model(str(model_path)).tokenizer
-    prompts = [encode_prompt(tokenizer, t, chat=False) for t in texts]
-    want = {}
-    for name in [None, *adapters]:
-        mine = [i for i, n in enumerate(names) if n == name]
-        if mine:
-            got = adapter_reference(model_path, adapters.get(name), [prompts[i] for i in mine], MAX_TOKENS)
-            want.update(zip(mine, got))
-    base = adapter_reference(model_path, None, prompts, MAX_TOKENS)
-    assert sum(want[i] != base[i] for i, n in enumerate(names) if n is not None) >= 2, "the adapters change nothing"
-    with Engine(str(model_path), wait=True, **engine_kwargs) as engine:
-        for name, folder in adapters.items():
-            engine.load_adapter(name, str(folder))
-        handles = [engine.submit(prompt=t, max_tokens=MAX_TOKENS, adapter=n) for t, n in zip(texts, names)]
-        got = [h.result(timeout=180) for h in handles]
-        assert engine.status()["peak_batch_size"] > 1
-    for i, (r, n) in enumerate(zip(got, names)):
-        assert r.error is None, r.error
-        assert r.token_ids == want[i], (i, n)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3_text", "phi3", "olmo2"])
@@ -74,7 +42,7 @@ def test_adapter_rows_and_plain_rows_in_one_batch_equal_mlx_lm_alone(arch, seed,
             keys = ["self_attn.qkv_proj"]
         adapters[name] = make_adapter(model_path, tmp_path / name, seed=10 * seed + i,
                                       **{**spec, **({"keys": keys} if keys else {})})
-    _mixed_batch(model_path, adapters, seed, {})
+    mixed_batch(model_path, adapters, seed, {})
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +58,7 @@ def test_on_the_fused_kernel_layers_a_row_is_the_same_alone_and_in_any_batch(lla
     """Quantized for the kernels, the decoder layers are fused (q/k/v, gate/up, norms and skips in
     the projections): each row's tokens are the same alone and beside any other rows."""
     path, adapters = llama_adapters
-    texts = _prompts(5, 9)
+    texts = prompts_of(5, 9)
     names = [None, "attn", "every", "last", "attn", None, "every", "last", "last"]
     with Engine(str(path), wait=True, quantize=4) as engine:
         assert engine.status()["kernels"]["swapped"].get("decoder layer")

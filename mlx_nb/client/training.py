@@ -1,0 +1,150 @@
+"""Fine-tunes from a Client: `client.train(...)` returns a TrainJob; `client.compare(...)` puts
+the base model's answers beside the adapter's.
+
+Embedded (no server), the fine-tunes of this process run through one TrainManager whose jobs live
+under the data home, so a restarted kernel finds its adapters (and resumes an unfinished job) the
+first time it names one. Its checkpoints and adapter are loaded into the shared engine on first use
+(`base@name`, `base@name:step-N`), beside the base model's rows in the same batch; the worker pauses
+whenever one of this process's engines has a chat to answer.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from mlx_nb.client.streams import ClientError
+
+_MANAGER = None
+_MANAGER_LOCK = threading.Lock()
+
+
+def _busy() -> bool:
+    from mlx_nb.client import backends
+
+    return any(e.interactive_requests() for e in list(backends._ENGINES.values()) if not e.closed and e.ready)
+
+
+def local_manager():
+    """This process's TrainManager (started on first use; it resumes what a dead process left)."""
+    global _MANAGER
+    with _MANAGER_LOCK:
+        if _MANAGER is None or _MANAGER.closed:
+            from mlx_nb.training.manager import TrainManager
+
+            _MANAGER = TrainManager(busy=_busy)
+            _MANAGER.resume_unfinished()
+        return _MANAGER
+
+
+def close_manager() -> None:
+    """Stop this process's fine-tunes (they stay on disk and resume at the next use) (tests)."""
+    global _MANAGER
+    with _MANAGER_LOCK:
+        manager, _MANAGER = _MANAGER, None
+    if manager is not None:
+        manager.close()
+
+
+def trained_adapter(name: str) -> Optional[str]:
+    """The folder of this process's fine-tune checkpoint or adapter called `name`, if there is one."""
+    return local_manager().adapters.get(name)
+
+
+class TrainJob:
+    """One fine-tune: `.status()`, `.wait()`, `.losses()`, `.cancel()`; `.model` is what to chat with."""
+
+    def __init__(self, manager, job_id: str):
+        self.manager, self.id = manager, job_id
+        record = manager.store.job(job_id).record()
+        self.base, self.name = record["settings"]["base"], record["settings"]["name"]
+
+    @property
+    def model(self) -> str:
+        """`base@name`: the adapter, served per request beside the base model."""
+        return f"{self.base}@{self.name}"
+
+    def status(self) -> dict:
+        return self.manager.describe(self.id)
+
+    def losses(self) -> list[dict]:
+        """Every step's training loss and every validation loss so far, in order."""
+        return [e for e in self.manager.events(self.id) if e.get("kind") in ("train", "val")]
+
+    def checkpoints(self) -> list[str]:
+        """The model names of its checkpoints and adapter (`base@name:step-N`, ..., `base@name`)."""
+        return [f"{self.base}@{n}" for n in self.manager.served(self.id)]
+
+    def cancel(self) -> dict:
+        return self.manager.cancel(self.id)
+
+    def wait(self, timeout: Optional[float] = None, progress: Any = True) -> dict:
+        """Block until it ends (a progress line on stderr unless `progress=False`); its final status.
+        A failed fine-tune raises ClientError with its error."""
+        show = _progress(progress, self)
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.status()
+            show(info)
+            if info["status"] not in ("queued", "running", "cancelling"):
+                show(info, final=True)
+                if info["status"] == "failed":
+                    raise ClientError(f"fine-tune {self.name} failed: {info.get('error')}")
+                return info
+            if end is not None and time.monotonic() > end:
+                raise TimeoutError(f"fine-tune {self.name} is at step {info.get('step', 0)} of {info['total_steps']}")
+            time.sleep(0.5)
+
+    def __repr__(self) -> str:
+        info = self.status()
+        return f"<TrainJob {self.id} {self.model}: {info['status']}, step {info.get('step', 0)}/{info['total_steps']}>"
+
+
+def _progress(progress: Any, job: TrainJob):
+    if progress is False or progress is None:
+        return lambda info, final=False: None
+    if callable(progress):
+        return lambda info, final=False: progress(info)
+    state = {"last": 0.0}
+
+    def line(info: dict, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - state["last"] < 5:
+            return
+        state["last"] = now
+        parts = [f"fine-tune {job.name}: {info['status']}", f"step {info.get('step', 0)}/{info['total_steps']}"]
+        for key, label in (("train_loss", "loss"), ("val_loss", "val")):
+            if info.get(key) is not None:
+                parts.append(f"{label} {info[key]:.3f}")
+        if info.get("tokens_per_second"):
+            parts.append(f"{info['tokens_per_second']:.0f} tok/s")
+        if info.get("eta_s") is not None and not final:
+            parts.append(f"ETA {info['eta_s']:.0f} s")
+        print("  ".join(parts), file=sys.stderr, flush=True)
+
+    return line
+
+
+def start_training(data: Any, base: str, name: str, val: Any, settings: dict) -> TrainJob:
+    from mlx_nb.training.manager import TrainingError
+
+    manager = local_manager()
+    try:
+        job_id = manager.create(data, base, name, val=val, **settings)
+    except TrainingError as exc:
+        raise ClientError(str(exc)) from None
+    return TrainJob(manager, job_id)
+
+
+def compare(client, prompts: list, models: list, params: dict) -> list[dict]:
+    """Every prompt asked of every model at once (their rows share the batch): one row per prompt,
+    one column per model. Threads, not asyncio: a notebook's cell already runs inside an event loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pairs = [(p, m) for p in prompts for m in models]
+    with ThreadPoolExecutor(max_workers=min(32, len(pairs)) or 1) as pool:
+        answers = list(pool.map(lambda pm: client.chat(pm[0], model=pm[1], **params).text, pairs))
+    return [{"prompt": p, **{m: answers[i * len(models) + j] for j, m in enumerate(models)}}
+            for i, p in enumerate(prompts)]
