@@ -18,7 +18,7 @@ from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 
-from jupyter_ext import batches, control, embeddings, handlers, metrics, monitor
+from jupyter_ext import batches, control, embeddings, fine_tuning, handlers, metrics, monitor
 from jupyter_ext.headless import ModelServerApp
 from jupyter_ext.kernel_env import KernelEnv, KernelPort, direct_url
 from jupyter_ext.keys import KEY_FILE, Keys, load_or_create_key
@@ -46,6 +46,8 @@ ROUTES = [
     (r"mlx/v1/files/([^/]+?)(/content)?", batches.FileHandler),
     (r"mlx/v1/batches", batches.BatchesHandler),
     (r"mlx/v1/batches/([^/]+?)(?:/(cancel))?", batches.BatchHandler),
+    (r"mlx/v1/fine_tuning/jobs", fine_tuning.FineTuningJobsHandler),
+    (r"mlx/v1/fine_tuning/jobs/([^/]+?)(?:/(cancel|events|checkpoints))?", fine_tuning.FineTuningJobHandler),
     (r"mlx/v1/batch\.svg", monitor.BatchPictureHandler),
     (r"mlx/v1/cache\.svg", monitor.CachePictureHandler),
     (r"mlx/v1(/.*)?", monitor.NotFoundHandler),  # JSON 404s instead of Jupyter's HTML page
@@ -186,6 +188,7 @@ class MLXExtension(EngineTraits, ExtensionApp):
         self.remote = None
         self.registry = self._registry()
         self.jobs = self._jobs()
+        self.training = self._training()
         self.sweeper = None  # unloads idle models (keep_alive_s), started with the server
         self.event_queues: set = set()  # live /events streams, woken when the extension stops
         self.request_counts = metrics.RequestCounts()  # finished requests, for /metrics
@@ -227,6 +230,7 @@ class MLXExtension(EngineTraits, ExtensionApp):
             url = self.kernel_port.start(serverapp, routes)
         self.kernel_env.publish(url, self.keys.kernel_key)
         self.log.info("mlx: serving %s; kernels reach it at %s", self.backend_url or self.model, url)
+        await asyncio.to_thread(self.training.resume_unfinished)  # and fine-tunes; finished ones' adapters served
         resumed = await asyncio.to_thread(self.jobs.resume_unfinished)  # jobs a stopped server left running
         if resumed:
             self.log.info("mlx: resumed %d unfinished job(s): %s", len(resumed), ", ".join(resumed))
@@ -320,6 +324,19 @@ class MLXExtension(EngineTraits, ExtensionApp):
         store = Store(self.jobs_dir or None, disk_bytes=self.jobs_disk_bytes, ttl_s=self.job_ttl_s)
         return JobManager(store, target, source="job: batch")
 
+    def _training(self):
+        """The fine-tunes of this server (mlx_nb/training): kept beside the jobs; each checkpoint and
+        adapter is registered as it appears (`model@name:step-N`, `model@name`), served per request
+        on any engine of its base model; the worker pauses while an engine answers a chat."""
+        from mlx_nb.training.manager import TrainManager
+
+        def busy() -> bool:
+            engines = [e for _, e in self.loaded_engines()] + ([self.engine] if self.engine is not None else [])
+            return any(e.ready and not e.closed and e.interactive_requests() for e in engines)
+
+        return TrainManager(self.jobs_dir or None, serve=self.registry.adapters.__setitem__, busy=busy,
+                            name_taken=lambda name: name in self.registry.adapters)
+
     def _memory_budget(self) -> int:
         from mlx_nb.engine import physical_memory
 
@@ -407,6 +424,8 @@ class MLXExtension(EngineTraits, ExtensionApp):
             self.sweeper.stop()
         if getattr(self, "jobs", None) is not None:
             self.jobs.close()  # their unfinished rows resume at the next start
+        if getattr(self, "training", None) is not None:
+            await asyncio.to_thread(self.training.close)  # resumed from the last checkpoint at the next start
         engine, self.engine = getattr(self, "engine", None), None
         embedder, self.embedder = getattr(self, "embedder", None), None
         registry = getattr(self, "registry", None)

@@ -280,24 +280,23 @@ class Client:
         same batch, without a reload; checkpoints are served as `base@name:step-N` as they appear.
         Settings: rank, scale, num_layers, iters, learning_rate, batch_size, mask_prompt (True),
         max_seq_length, truncate, steps_per_save, seed (mlx_nb/training/settings.py). `val` is the
-        validation rows (default: a tenth of `data`). Runs in a worker process of this kernel, paused
-        while a chat is answered; kept on disk and resumed from its last checkpoint after a restart.
+        validation rows (default: a tenth of `data`). Runs in a worker process of this kernel (of the
+        server, for a client of one), paused while a chat is answered; kept on disk and resumed from
+        its last checkpoint after a restart.
         Returns the TrainJob (after it ends, unless `wait=False`)."""
         from mlx_nb.client.training import start_training
 
-        if not self.embedded:
-            raise ClientError("fine-tuning runs on this process's engines: use Client() without a server URL "
-                              "(a server's fine-tuning route is not available yet)")
-        job = start_training(data, base or self.model_name(), name, val, settings)
+        job = start_training(data, base or self.model_name(), name, val, settings,
+                             backend=None if self.embedded else self._backend)
         if wait:
             job.wait(progress=progress)
         return job
 
     def training_jobs(self) -> list[dict]:
         """Every fine-tune this data home keeps (the newest first), with its losses and adapters."""
-        from mlx_nb.client.training import local_manager
+        from mlx_nb.client.training import RemoteTraining, local_manager
 
-        return local_manager().list()
+        return (local_manager() if self.embedded else RemoteTraining(self._backend)).list()
 
     def compare(self, prompts: Any, models: list, *, max_tokens: int = 128, temperature: float = 0.0, **params: Any):
         """Each prompt asked of each model at once, answers side by side: a pandas DataFrame (one column

@@ -57,9 +57,9 @@ class TrainJob:
     """One fine-tune: `.status()`, `.wait()`, `.losses()`, `.cancel()`; `.model` is what to chat with."""
 
     def __init__(self, manager, job_id: str):
-        self.manager, self.id = manager, job_id
-        record = manager.store.job(job_id).record()
-        self.base, self.name = record["settings"]["base"], record["settings"]["name"]
+        self.manager, self.id = manager, job_id  # a TrainManager, or RemoteTraining (a server's route)
+        settings = manager.describe(job_id)["settings"]
+        self.base, self.name = settings["base"], settings["name"]
 
     @property
     def model(self) -> str:
@@ -127,9 +127,65 @@ def _progress(progress: Any, job: TrainJob):
     return line
 
 
-def start_training(data: Any, base: str, name: str, val: Any, settings: dict) -> TrainJob:
+class RemoteTraining:
+    """A server's fine-tunes, read through its `/fine_tuning/jobs` route as TrainJob reads a manager."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def describe(self, job_id: str) -> dict:
+        info = self.backend.get(f"fine_tuning/jobs/{job_id}")
+        return {**info, "status": info.get("mlx_status", info["status"])}
+
+    def events(self, job_id: str) -> list[dict]:
+        return [e["data"] for e in reversed(self.backend.get(f"fine_tuning/jobs/{job_id}/events")["data"])]
+
+    def served(self, job_id: str) -> dict:
+        return {c["id"]: c.get("folder") for c in reversed(self.backend.get(f"fine_tuning/jobs/{job_id}/checkpoints")
+                                                           ["data"])}
+
+    def cancel(self, job_id: str) -> dict:
+        self.backend.send("POST", f"fine_tuning/jobs/{job_id}/cancel")
+        return self.describe(job_id)
+
+    def list(self) -> list[dict]:
+        return [{**j, "status": j.get("mlx_status", j["status"])} for j in self.backend.get("fine_tuning/jobs")["data"]]
+
+    def create(self, data: Any, base: str, name: str, val: Any, settings: dict) -> str:
+        """Upload the rows (normalized here: a DataFrame or a list never leaves as pickles) and create the job."""
+        import json
+
+        import openai
+
+        from mlx_nb.training.data import TrainingDataError, rows_of
+
+        def upload(rows: Any, what: str) -> Optional[str]:
+            if rows is None:
+                return None
+            _, normalized, _ = rows_of(rows, what)
+            body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in normalized).encode()
+            return self.backend.sync.files.create(file=(f"{name}-{what}.jsonl", body), purpose="fine-tune").id
+
+        try:
+            train_file, val_file = upload(data, "data"), upload(val, "val")
+            job = self.backend.sync.fine_tuning.jobs.create(
+                model=base, suffix=name, training_file=train_file,
+                extra_body={"settings": settings, **({"validation_file": val_file} if val_file else {})})
+        except TrainingDataError as exc:
+            raise ClientError(str(exc)) from None
+        except openai.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            raise ClientError((body.get("error") or body).get("message") or str(exc)) from None
+        return job.id
+
+
+def start_training(data: Any, base: str, name: str, val: Any, settings: dict, backend=None) -> TrainJob:
+    """The fine-tune started on `backend`'s server (a remote client), else in this process."""
     from mlx_nb.training.manager import TrainingError
 
+    if backend is not None:
+        remote = RemoteTraining(backend)
+        return TrainJob(remote, remote.create(data, base, name, val, settings))
     manager = local_manager()
     try:
         job_id = manager.create(data, base, name, val=val, **settings)
