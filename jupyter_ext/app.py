@@ -334,7 +334,10 @@ class MLXExtension(EngineTraits, ExtensionApp):
             engines = [e for _, e in self.loaded_engines()] + ([self.engine] if self.engine is not None else [])
             return any(e.ready and not e.closed and e.interactive_requests() for e in engines)
 
-        return TrainManager(self.jobs_dir or None, serve=self.registry.adapters.__setitem__, busy=busy,
+        def serve(name: str, folder: str) -> None:  # a new dict, not an insert: handlers iterate the old one
+            self.registry.adapters = {**self.registry.adapters, name: folder}
+
+        return TrainManager(self.jobs_dir or None, serve=serve, busy=busy,
                             name_taken=lambda name: name in self.registry.adapters)
 
     def _memory_budget(self) -> int:
