@@ -41,6 +41,7 @@ LONGEST_FIRST = [
     "tests/server/test_server_models.py",
     "tests/engine/test_engine_constrained.py",
     "tests/training/test_training_jobs.py",
+    "notebooks/09-fine-tuning.ipynb",
     "tests/browser/test_browser_thinking.py",
     "tests/engine/test_engine_memory.py",
     "tests/test_make_lab.py",

@@ -107,6 +107,10 @@ def _progress(progress: Any, job: TrainJob):
         return lambda info, final=False: None
     if callable(progress):
         return lambda info, final=False: progress(info)
+    from mlx_nb.client.job_progress import _in_kernel
+
+    if _in_kernel():
+        return _panel(job)
     state = {"last": 0.0}
 
     def line(info: dict, final: bool = False) -> None:
@@ -177,6 +181,31 @@ class RemoteTraining:
             body = exc.body if isinstance(exc.body, dict) else {}
             raise ClientError((body.get("error") or body).get("message") or str(exc)) from None
         return job.id
+
+
+def _panel(job: TrainJob):
+    """A TrainPanel while it trains, replaced by its static picture when it ends (what a saved notebook keeps)."""
+    from IPython.display import HTML, display
+
+    from mlx_nb.pictures.theme import static_html
+    from mlx_nb.widgets.train_panel import TrainPanel
+
+    panel = TrainPanel(job, follow=False)
+    handle = display(panel, display_id=True)
+    state = {"last": 0.0}
+
+    def show(info: dict, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - state["last"] < 1.0:
+            return
+        state["last"] = now
+        panel.draw(info, job.manager.events(job.id))
+        if final:
+            panel.close()
+            if handle is not None:
+                handle.update(HTML(static_html(panel.svg, panel.note.value, alt="fine-tune")))
+
+    return show
 
 
 def start_training(data: Any, base: str, name: str, val: Any, settings: dict, backend=None) -> TrainJob:

@@ -24,7 +24,7 @@ from mlx_nb.magics.tables import cache_table, models_table, prefix_table, status
 
 NO_QUESTION = ("no question: write it on the lines below `%%mlx chat` (options go on that line: "
                "-s SYSTEM, -n MAX_TOKENS, -t TEMPERATURE, -i IMAGE, --new; %mlx help lists them)")
-SUBCOMMANDS = ["chat", "map", "jobs", "load", "unload", "models", "status", "cache", "batch", "connect", "disconnect",
+SUBCOMMANDS = ["chat", "map", "jobs", "train", "load", "unload", "models", "status", "cache", "batch", "connect", "disconnect",
                "reset", "help"]
 CELL_SUBCOMMANDS = ("chat", "map")  # the others are line magics
 
@@ -216,6 +216,35 @@ class MlxMagics(Magics):
             done = counts.get("completed", 0) + counts.get("failed", 0)
             print(f"{job['id']}  {job.get('status', '?'):<11} {done}/{counts.get('total', 0)} rows, "
                   f"{counts.get('failed', 0)} errors  {(job.get('metadata') or {}).get('mlx_kind', 'batch')}")
+        return None
+
+    @magic_arguments(name="mlx train")
+    @argument("data", help="the variable holding the rows (conversations, a DataFrame with prompt/completion or "
+              "messages columns), or the path of a JSONL file")
+    @argument("--name", required=True, help="the adapter's name: it is served as MODEL@NAME")
+    @argument("--out", default=None, metavar="NAME", help="keep the TrainJob in this variable")
+    @argument("--model", default=None, help="the base model (default: this notebook's)")
+    @argument("--iters", type=int, default=None, help="training steps (default: one pass over the rows)")
+    @argument("--learning-rate", type=float, default=None, help="Adam's learning rate (default 2e-4)")
+    @argument("--rank", type=int, default=None, help="the LoRA rank (default 8)")
+    def _sub_train(self, line: str, cell=None):
+        """Fine-tune a LoRA adapter on DATA (Client.train): a loss panel while it trains; then chat with it
+        as MODEL@NAME (`%%mlx chat --model MODEL@NAME`)."""
+        args = _parse(self._sub_train, line)
+        ns = self.shell.user_ns
+        if args.data in ns:
+            data = ns[args.data]
+        elif os.path.isfile(os.path.expanduser(args.data)):
+            data = args.data
+        else:
+            raise UsageError(f"no variable {args.data!r} in this notebook and no such file: give the rows' "
+                             "variable or a JSONL path")
+        settings = {k: v for k, v in (("iters", args.iters), ("learning_rate", args.learning_rate),
+                                      ("rank", args.rank)) if v is not None}
+        job = self.client.train(data, name=args.name, base=args.model or self.model, **settings)
+        if args.out:
+            ns[args.out] = job
+        self._say(f"fine-tune {job.status()['status']}: chat with it as {job.model}")
         return None
 
     def _schema(self, name: Optional[str]) -> Any:

@@ -154,6 +154,8 @@ class TrainManager:
         out = {k: v for k, v in record.items() if k != "pid"}
         if job_id in self.cancelled and record["status"] in UNFINISHED:
             out["status"] = "cancelling"
+        elif record["status"] == "completed" and self.current == job_id:
+            out["status"] = "running"  # trained, its adapter not served yet: not done for whoever waits on it
         if train:
             last = train[-1]
             out["step"] = last["step"]

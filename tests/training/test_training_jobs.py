@@ -197,3 +197,31 @@ def test_what_cannot_be_trained_is_refused_before_any_step(data_home, tmp_path):
             manager.create([], "tiny-llama", "empty")
     finally:
         manager.close()
+
+
+def test_the_train_magic_trains_and_a_chat_cell_uses_the_adapter(data_home, tmp_path):
+    from ipython_shell import mlx_shell, run_cell
+
+    ip = mlx_shell(tmp_path / "ipython")
+    ip.user_ns["rows"] = tiny_rows()
+    run_cell(ip, "%mlx load tiny-llama")
+    _, cap = run_cell(ip, "%mlx train rows --name magic --iters 4 --learning-rate 0.03 --out job")
+    job = ip.user_ns["job"]
+    assert job.status()["status"] == "completed" and "chat with it as tiny-llama@magic" in cap.stdout + cap.stderr
+    _, cap = run_cell(ip, "%%mlx chat --model tiny-llama@magic -n 4\n1 plus 1")
+    assert "mlx:" not in cap.stderr  # no error line
+    _, cap = run_cell(ip, "%mlx train nothing --name other")
+    assert "no variable 'nothing'" in cap.stderr
+
+
+def test_the_loss_picture_draws_every_step_and_escapes_what_it_is_given():
+    from mlx_nb.pictures.training import loss_svg
+
+    events = [{"kind": "train", "step": s, "train_loss": 3.0 / s} for s in range(1, 11)]
+    events += [{"kind": "val", "step": 0, "val_loss": 3.2}, {"kind": "val", "step": 9, "val_loss": 0.4},
+               {"kind": "checkpoint", "step": 5}]
+    info = {"status": "failed", "step": 10, "total_steps": 10, "error": "<script>x</script>", "train_loss": 0.3}
+    svg = loss_svg(info, events, "fine-tune <b>m</b>")
+    points = svg.split('class="train" points="')[1].split('"')[0].split()
+    assert len(points) == 10 and svg.count("<circle") == 2
+    assert "<script>" not in svg and "&lt;script&gt;" in svg and "&lt;b&gt;m" in svg

@@ -1,0 +1,206 @@
+"""bench: a fine-tune on the default model beside mlx_lm.lora's own CLI, and chats while it trains.
+
+    .venv/bin/python bench/training.py [--iters 60]    # writes bench/results/training.md and .json (~8 min)
+
+Measured in one run, on the default model (smollm2-135m-instruct) and an invented task (answer an
+order as `{"item": ..., "qty": N}`, 200 rows naming made-up items):
+1. the default model's weights as a float32 MLX folder (its GGUF blocks dequantized: what
+   `Client.train` trains on), and the rows split as `Client.train` splits them, written as mlx_lm's
+   train.jsonl / valid.jsonl;
+2. `python -m mlx_lm lora --train` on that folder and those files: the tokens/s it reports every 10
+   steps, the first window left out (compilation);
+3. `Client.train` on the same folder, rows and settings, nothing else running: its steps' tokens/s
+   over the same windows (the issue's >= 0.9x);
+4. chats while a fine-tune runs: one chat every 1.5 s on the embedded default model, time to the
+   first token and decode tokens/s, median of 10, beside 10 on the idle engine before (the issue's
+   first token <= 2x idle, and the decode ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE.parent))
+
+import mlx_nb  # noqa: E402,F401  (the fast BLAS before MLX)
+
+MODEL = "smollm2-135m-instruct"
+ASKS = ["I'd like {n} {item}.", "Please send {n} {item}.", "Can I get {n} {item}?", "Order {n} {item} for me.",
+        "We need {n} {item} today."]
+SETTINGS = dict(batch_size=4, num_layers=8, learning_rate=4e-4, rank=8, scale=20.0)
+CLI_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+) [\u25bc\u25b2]\s+([\d,]+)\s+([\d.]+)k")
+
+
+def order_rows(seed: int = 0, n: int = 200) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        item = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(rng.randint(2, 3)))
+        qty = rng.randint(1, 99)
+        out.append({"messages": [{"role": "user", "content": rng.choice(ASKS).format(n=qty, item=item)},
+                                 {"role": "assistant", "content": json.dumps({"item": item, "qty": qty})}]})
+    return out
+
+
+def float_folder(dest: Path) -> Path:
+    """The default model as a float32 MLX folder mlx_lm loads (config without the GGUF block map)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlx_nb.models.sources import resolve
+    from mlx_nb.training.worker import trainable_model
+
+    src = resolve(MODEL)
+    model, _ = trainable_model(MODEL)
+    dest.mkdir(parents=True, exist_ok=True)
+    weights = {k: v for k, v in tree_flatten(model.parameters()) if not k.startswith("lm_head")}
+    mx.save_safetensors(str(dest / "model.safetensors"), weights)
+    config = json.loads((src / "config.json").read_text())
+    config.pop("gguf", None)
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+            shutil.copy(f, dest / f.name)
+    return dest
+
+
+def windows(per_step: list[tuple[int, float]], size: int = 10) -> list[float]:
+    """tokens/s of each window of `size` steps from (tokens, tokens/s) per step, as mlx_lm reports them."""
+    out = []
+    for start in range(0, len(per_step) - size + 1, size):
+        part = per_step[start:start + size]
+        out.append(sum(t for t, _ in part) / sum(t / s for t, s in part))
+    return out
+
+
+def mlx_lm_cli(folder: Path, data: Path, iters: int, out: Path) -> list[float]:
+    cmd = [sys.executable, "-m", "mlx_lm", "lora", "--model", str(folder), "--train", "--data", str(data),
+           "--iters", str(iters), "--batch-size", str(SETTINGS["batch_size"]), "--num-layers",
+           str(SETTINGS["num_layers"]), "--learning-rate", str(SETTINGS["learning_rate"]), "--mask-prompt",
+           "--steps-per-report", "10", "--steps-per-eval", str(iters * 2), "--val-batches", "1",
+           "--adapter-path", str(out)]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    return [float(m.group(3).replace(",", "")) for m in map(CLI_ROW.match, plain.splitlines()) if m]
+
+
+def ours(client, folder: Path, rows: list, iters: int, name: str) -> tuple[list[float], dict]:
+    job = client.train(rows, name=name, base=str(folder), iters=iters, steps_per_save=iters * 2, progress=False,
+                       **SETTINGS)
+    train = [e for e in job.losses() if e["kind"] == "train"]
+    per_step, before = [], 0
+    for e in train:
+        per_step.append((e["trained_tokens"] - before, e["tokens_per_second"]))
+        before = e["trained_tokens"]
+    return windows(per_step), job.status()
+
+
+def chat_times(client, n: int, gap_s: float) -> list[dict]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        first, pieces = None, 0
+        for _ in client.stream(f"Tell me one fact about the number {i + 3}.", max_tokens=48):
+            first = first or time.perf_counter()
+            pieces += 1
+        end = time.perf_counter()
+        out.append({"ttft": (first or end) - t0, "decode_tps": (pieces - 1) / (end - first) if pieces > 1 else 0.0})
+        time.sleep(gap_s)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=60)
+    args = parser.parse_args()
+    import os
+
+    from mlx_nb import Client
+    from mlx_nb.client.training import close_manager
+    from mlx_nb.training.data import rows_of, split
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        os.environ["MLX_NB_JOBS_DIR"] = str(tmp / "home")
+        folder = float_folder(tmp / "float")
+        rows = order_rows()
+        _, usable, _ = rows_of(rows)
+        train, valid, _ = split(usable, None, SETTINGS["batch_size"], 0)
+        data = tmp / "data"
+        data.mkdir()
+        for name, part in (("train", train), ("valid", valid)):
+            (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+        client = Client()
+        client.chat("warm up", max_tokens=8)
+
+        cli = mlx_lm_cli(folder, data, args.iters, tmp / "cli-adapter")
+        mine, status = ours(client, folder, rows, args.iters, "speed")
+        idle = chat_times(client, 10, 0.5)
+        job = client.train(rows, name="busy", base=str(folder), iters=400, steps_per_save=1000, wait=False,
+                           progress=False, **SETTINGS)
+        while job.status().get("step", 0) < 3:
+            time.sleep(0.2)
+        during = chat_times(client, 10, 1.5)
+        steps_during = job.status().get("step", 0)
+        job.cancel()
+        close_manager()
+
+    med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+    result = {
+        "iters": args.iters, "settings": SETTINGS,
+        "mlx_lm_cli_tok_s": cli, "ours_tok_s": mine,
+        "mlx_lm_cli_mean": statistics.mean(cli[1:]), "ours_mean": statistics.mean(mine[1:]),
+        "val_loss_first_last": [e for e in [status.get("val_loss")]],
+        "chat_idle": {"ttft_s": med(idle, "ttft"), "decode_tps": med(idle, "decode_tps")},
+        "chat_during": {"ttft_s": med(during, "ttft"), "decode_tps": med(during, "decode_tps")},
+        "steps_trained_during_chats": steps_during,
+    }
+    result["speed_ratio"] = result["ours_mean"] / result["mlx_lm_cli_mean"]
+    result["ttft_ratio"] = result["chat_during"]["ttft_s"] / result["chat_idle"]["ttft_s"]
+    result["decode_ratio"] = result["chat_during"]["decode_tps"] / result["chat_idle"]["decode_tps"]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "training.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / "training.md").write_text(f"""# Fine-tuning: beside mlx_lm.lora's CLI, and chats while it trains
+
+    .venv/bin/python bench/training.py --iters {args.iters}
+
+The default model (float32 weights from its GGUF blocks), 180 training rows of the order task, batch
+{SETTINGS['batch_size']}, LoRA rank {SETTINGS['rank']} on the last {SETTINGS['num_layers']} layers, learning rate
+{SETTINGS['learning_rate']}, prompts masked; {args.iters} steps each. Tokens/s are trained (answer) tokens, as
+mlx_lm reports them, per 10 steps, the first 10 left out.
+
+| | tokens/s (mean) | per 10 steps |
+|---|---|---|
+| `python -m mlx_lm lora` | {result['mlx_lm_cli_mean']:.1f} | {', '.join(f'{x:.0f}' for x in cli)} |
+| `Client.train` | {result['ours_mean']:.1f} | {', '.join(f'{x:.0f}' for x in mine)} |
+| **ratio** | **{result['speed_ratio']:.2f}x** | |
+
+A chat (48 tokens) every 1.5 s on the default model while a fine-tune runs, against the same chats on
+the idle engine (median of 10):
+
+| | first token | decode tokens/s |
+|---|---|---|
+| idle | {result['chat_idle']['ttft_s'] * 1000:.0f} ms | {result['chat_idle']['decode_tps']:.0f} |
+| while training | {result['chat_during']['ttft_s'] * 1000:.0f} ms | {result['chat_during']['decode_tps']:.0f} |
+| **ratio** | **{result['ttft_ratio']:.2f}x** | **{result['decode_ratio']:.2f}x** |
+
+The fine-tune trained {steps_during} steps while the chats ran (it is stopped while a chat is answered
+and runs between them).
+""")
+    print((RESULTS / "training.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
