@@ -80,6 +80,34 @@ class TrainJob:
     def cancel(self) -> dict:
         return self.manager.cancel(self.id)
 
+    def export(self, path, *, fuse: bool = True, format: str = "safetensors", quantize: Optional[str] = None,
+               dtype: Optional[str] = None) -> str:
+        """The adapter taken elsewhere: `fuse=False` copies the adapter folder (mlx_lm's
+        `load(base, adapter_path=...)` reads it); else the base with the adapter fused in, as an MLX
+        folder (`format="safetensors"`, float32 or `dtype`) or a GGUF of a GGUF base (`format="gguf"`,
+        `quantize` F32 (default), F16, Q8_0, Q4_0, or another type through llama.cpp's llama-quantize).
+        Reads the adapter folder on this machine (a server's, for a client on the same machine)."""
+        import shutil
+        from pathlib import Path
+
+        from mlx_nb.training.export import ExportError, export_folder, export_gguf
+
+        adapter = self.manager.served(self.id).get(self.name)
+        if adapter is None or not Path(adapter).is_dir():
+            raise ClientError(f"fine-tune {self.name} has no adapter on this machine yet: wait for it to complete")
+        try:
+            if not fuse:
+                if Path(path).expanduser().exists():
+                    raise ExportError(f"{path} exists: pick a new path (an export never overwrites)")
+                return shutil.copytree(adapter, Path(path).expanduser(), ignore=shutil.ignore_patterns("optimizer.*"))
+            if format == "gguf":
+                return str(export_gguf(self.base, Path(adapter), Path(path), quantize))
+            if format != "safetensors":
+                raise ExportError(f"format must be 'safetensors' or 'gguf', not {format!r}")
+            return str(export_folder(self.base, Path(adapter), Path(path), dtype))
+        except ExportError as exc:
+            raise ClientError(str(exc)) from None
+
     def wait(self, timeout: Optional[float] = None, progress: Any = True) -> dict:
         """Block until it ends (a progress line on stderr unless `progress=False`); its final status.
         A failed fine-tune raises ClientError with its error."""
