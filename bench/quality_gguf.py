@@ -48,11 +48,11 @@ def perplexity_llama_style(loaded, ids: list[int], n_ctx: int = N_CTX) -> tuple[
     return math.exp(total / count), count
 
 
-def llama_perplexity(gguf: Path, n_ctx: int = N_CTX) -> float:
+def llama_perplexity(gguf: Path, n_ctx: int = N_CTX, text: Path = TEXT) -> float:
     from servers import llama_tool
 
     exe = llama_tool("llama-perplexity")
-    out = subprocess.run([exe, "-m", str(gguf), "-f", str(TEXT), "-c", str(n_ctx), "-t", str(os.cpu_count()),
+    out = subprocess.run([exe, "-m", str(gguf), "-f", str(text), "-c", str(n_ctx), "-t", str(os.cpu_count()),
                           "-b", str(n_ctx)], capture_output=True, text=True, check=True,
                          env={**os.environ, "LD_LIBRARY_PATH": str(Path(exe).parent)})
     found = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)

@@ -13,7 +13,12 @@ order as `{"item": ..., "qty": N}`, 200 rows naming made-up items):
    over the same windows (the issue's >= 0.9x);
 4. chats while a fine-tune runs: one chat every 1.5 s on the embedded default model, time to the
    first token and decode tokens/s, median of 10, beside 10 on the idle engine before (the issue's
-   first token <= 2x idle, and the decode ratio).
+   first token <= 2x idle, and the decode ratio);
+5. where llama.cpp's tools are found ($LLAMA_CPP_BIN): the task trained on the default model itself
+   (40 steps), exported as GGUF. As F16: greedy replies to 20 unseen requests from llama-server and
+   from this engine on that file, the first 16 tokens compared, and how many of llama-server's
+   replies do the task. As Q8_0: perplexity on the validation conversations as llama-perplexity
+   measures it (chunks of 256 tokens, the second half of each scored), ours and llama-perplexity's.
 """
 
 from __future__ import annotations
@@ -121,6 +126,61 @@ def chat_times(client, n: int, gap_s: float) -> list[dict]:
     return out
 
 
+REAL_ITEMS = ("lamps chairs mugs plates forks shirts socks gloves hats boots jackets batteries buckets ropes nails "
+              "hammers bricks pillows blankets rugs mirrors clocks radios tablets printers stamps folders").split()
+
+
+def in_shape(answer: str, qty: int) -> bool:
+    try:
+        value = json.loads(answer.strip())
+    except ValueError:
+        return False
+    return isinstance(value, dict) and list(value) == ["item", "qty"] and value.get("qty") == qty
+
+
+def llama_cpp_checks(client, rows: list, valid: list, tmp: Path) -> dict:
+    """The exported GGUFs in llama.cpp beside this engine (phase 5); {} without llama.cpp's tools."""
+    import httpx
+
+    sys.path.insert(0, str(HERE))
+    import servers
+    from quality_gguf import llama_perplexity, perplexity_llama_style
+
+    from mlx_nb.engine import Engine
+    from mlx_nb.models import load_model
+
+    if servers.llama_tool("llama-server") is None or servers.llama_tool("llama-perplexity") is None:
+        return {}
+    job = client.train(rows, name="orders", base=MODEL, iters=40, steps_per_save=100, progress=False, **SETTINGS)
+    f16 = Path(job.export(tmp / "orders-f16.gguf", format="gguf", quantize="F16"))
+    q8 = Path(job.export(tmp / "orders-q8.gguf", format="gguf", quantize="Q8_0"))
+    rng = random.Random(1)
+    asks = [(rng.choice(ASKS).format(n=(q := rng.randint(1, 99)), item=item), q) for item in rng.sample(REAL_ITEMS, 20)]
+    tokenizer = load_model(str(f16)).tokenizer
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": a}], tokenize=False,
+                                                              add_generation_prompt=True), add_special_tokens=False)
+               for a, _ in asks]
+    with Engine(str(f16), wait=True) as engine:
+        ours = [engine.submit(prompt=p, max_tokens=16, temperature=0.0).result(timeout=300).token_ids for p in prompts]
+    with servers.llama_server(f16, slots=1) as server:
+        root = server.base_url.rsplit("/v1", 1)[0]
+        theirs = [httpx.post(f"{root}/completion", json={"prompt": p, "n_predict": 16, "temperature": 0.0,
+                                                         "return_tokens": True, "cache_prompt": False},
+                             timeout=300).json()["tokens"] for p in prompts]
+    same = sum(a[:16] == b[:16] for a, b in zip(ours, theirs))
+    done_there = sum(in_shape(tokenizer.decode(t), q) for t, (_, q) in zip(theirs, asks))
+    done_here = sum(in_shape(tokenizer.decode(t), q) for t, (_, q) in zip(ours, asks))
+    text = "".join(tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in valid)
+    text_file = tmp / "valid.txt"
+    text_file.write_text(text)
+    loaded = load_model(str(q8))
+    mine, scored = perplexity_llama_style(loaded, loaded.tokenizer.encode(text), n_ctx=256)
+    reference = llama_perplexity(q8, n_ctx=256, text=text_file)
+    return {"f16_first16_same": same, "prompts": len(prompts), "task_in_llama_server": done_there,
+            "task_here": done_here, "q8_perplexity_ours": mine, "q8_perplexity_llama": reference,
+            "q8_scored_tokens": scored}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=60)
@@ -155,6 +215,7 @@ def main() -> None:
         during = chat_times(client, 10, 1.5)
         steps_during = job.status().get("step", 0)
         job.cancel()
+        llama = llama_cpp_checks(client, rows, valid, tmp)
         close_manager()
 
     med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
@@ -166,6 +227,7 @@ def main() -> None:
         "chat_idle": {"ttft_s": med(idle, "ttft"), "decode_tps": med(idle, "decode_tps")},
         "chat_during": {"ttft_s": med(during, "ttft"), "decode_tps": med(during, "decode_tps")},
         "steps_trained_during_chats": steps_during,
+        "llama_cpp": llama,
     }
     result["speed_ratio"] = result["ours_mean"] / result["mlx_lm_cli_mean"]
     result["ttft_ratio"] = result["chat_during"]["ttft_s"] / result["chat_idle"]["ttft_s"]
@@ -198,8 +260,27 @@ the idle engine (median of 10):
 
 The fine-tune trained {steps_during} steps while the chats ran (it is stopped while a chat is answered
 and runs between them).
-""")
+{llama_section(llama)}""")
     print((RESULTS / "training.md").read_text())
+
+
+def llama_section(llama: dict) -> str:
+    if not llama:
+        return "\nllama.cpp's tools were not found ($LLAMA_CPP_BIN): the GGUF export was not compared.\n"
+    ratio = llama["q8_perplexity_ours"] / llama["q8_perplexity_llama"]
+    return f"""
+## The exported GGUF in llama.cpp
+
+The task trained on the default model itself (40 steps), exported by `job.export(..., format="gguf")`.
+
+- F16: greedy replies to {llama['prompts']} unseen requests, the first 16 tokens identical in llama-server
+  and in this engine on the same file: **{llama['f16_first16_same']} of {llama['prompts']}**; llama-server's
+  replies do the task on {llama['task_in_llama_server']} of {llama['prompts']} (this engine's:
+  {llama['task_here']}).
+- Q8_0: perplexity on the validation conversations ({llama['q8_scored_tokens']} tokens scored, chunks of 256):
+  llama-perplexity {llama['q8_perplexity_llama']:.4f}, ours {llama['q8_perplexity_ours']:.4f}
+  (**{(ratio - 1) * 100:+.2f}%**).
+"""
 
 
 if __name__ == "__main__":

@@ -188,6 +188,7 @@ class MLXExtension(EngineTraits, ExtensionApp):
         self.remote = None
         self.registry = self._registry()
         self.jobs = self._jobs()
+        self.trained: dict[str, str] = {}  # fine-tuned adapters served here -> their base model
         self.training = self._training()
         self.sweeper = None  # unloads idle models (keep_alive_s), started with the server
         self.event_queues: set = set()  # live /events streams, woken when the extension stops
@@ -334,7 +335,12 @@ class MLXExtension(EngineTraits, ExtensionApp):
             engines = [e for _, e in self.loaded_engines()] + ([self.engine] if self.engine is not None else [])
             return any(e.ready and not e.closed and e.interactive_requests() for e in engines)
 
-        def serve(name: str, folder: str) -> None:  # a new dict, not an insert: handlers iterate the old one
+        def serve(name: str, folder: str, base: str) -> None:
+            """Served on its own base model only, if this server serves that model (a data home may
+            hold fine-tunes of other models). A new dict, not an insert: handlers iterate the old one."""
+            if base != self.model and self.registry.entry(base) is None:
+                return
+            self.trained = {**self.trained, name: base}
             self.registry.adapters = {**self.registry.adapters, name: folder}
 
         return TrainManager(self.jobs_dir or None, serve=serve, busy=busy,
@@ -388,7 +394,9 @@ class MLXExtension(EngineTraits, ExtensionApp):
         default model with each registered adapter (what `models` lists)."""
         names = [self.model] + [a for a, t in self.server_defaults().aliases.items() if t == self.model]
         names += [n for n in self.registry.names() if n not in names]
-        return names + [f"{self.model}@{a}" for a in self.registry.adapters]  # on any model above: name@adapter
+        # configured adapters on the default model (a request may name them on any model above);
+        # fine-tunes on the model they were trained on
+        return names + [f"{self.trained.get(a, self.model)}@{a}" for a in self.registry.adapters]
 
     @validate("kv_bits", "kv_group_size", "model_kv_bits")
     def _valid_kv(self, proposal):

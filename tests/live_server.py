@@ -107,6 +107,9 @@ def serving(root: Path, model: str, *args: str, app: str = "mlx", token: Optiona
     (root / "notebooks").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_NB_URL") and k != "MLX_NB_TOKEN"}
     env.update(JUPYTER_RUNTIME_DIR=str(server.runtime), JUPYTER_CONFIG_DIR=str(jupyter_config_dir(root / "config")))
+    # jobs, files and fine-tunes in the server's own folder, not the user's data home (whose fine-tunes'
+    # adapters a server would serve and list), unless the test names one
+    env.setdefault("MLX_NB_JOBS_DIR", str(root / "data-home"))
     cmd = [
         str(Path(sys.executable).with_name("jupyter")),
         app,

@@ -112,7 +112,7 @@ class _Embedded:
         name = adapter_name(spec)
         with _ENGINES_LOCK:  # two chats naming it at once read it once
             if name not in {a["name"] for a in eng.adapters()}:
-                folder = spec if is_adapter_dir(Path(spec).expanduser()) else trained_adapter(spec)
+                folder = spec if is_adapter_dir(Path(spec).expanduser()) else trained_adapter(spec, eng.model_name)
                 if folder is None:  # a name: it had to be loaded already, or be one of our fine-tunes
                     raise ClientError(f"{spec} is neither an adapter loaded on {eng.model_name}, an mlx_lm adapter "
                                       "folder (adapter_config.json + adapters.safetensors) nor a fine-tune of "

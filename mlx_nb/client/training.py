@@ -48,9 +48,10 @@ def close_manager() -> None:
         manager.close()
 
 
-def trained_adapter(name: str) -> Optional[str]:
-    """The folder of this process's fine-tune checkpoint or adapter called `name`, if there is one."""
-    return local_manager().adapters.get(name)
+def trained_adapter(name: str, base: str) -> Optional[str]:
+    """The folder of the fine-tune checkpoint or adapter of `base` called `name`, if there is one."""
+    manager = local_manager()
+    return manager.adapters.get(name) if manager.bases.get(name) == base else None
 
 
 class TrainJob:

@@ -6,7 +6,7 @@ each a worker process (training/worker.py) watched by a thread here.
   its turn. Jobs live under `<data home>/training/jobs/<id>/` with the same guarantees as dataset
   jobs (jobs/store.py): the record replaced atomically, rows written before the job exists.
 - While a worker runs, its checkpoints and, at the end, its adapter are handed to `serve(name,
-  folder)` as they appear (`name:step-N`, then `name`), so the running engines serve them per
+  folder, base)` as they appear (`name:step-N`, then `name`), so the running engines serve them per
   request beside the base model without a reload.
 - The worker yields to chats: while `busy()` says interactive requests are running it is stopped
   (SIGSTOP) and continued after (SIGCONT), so a chat's first token never waits for a training
@@ -57,16 +57,17 @@ def _child_setup(nice: int) -> Callable[[], None]:
 
 
 class TrainManager:
-    def __init__(self, root: Optional[Path] = None, serve: Optional[Callable[[str, str], None]] = None,
+    def __init__(self, root: Optional[Path] = None, serve: Optional[Callable[[str, str, str], None]] = None,
                  busy: Optional[Callable[[], bool]] = None, name_taken: Optional[Callable[[str], bool]] = None,
                  nice: int = 10, threads: Optional[int] = None, hold_max_s: float = 2.0, share_s: float = 0.25):
         self.store = Store((Path(root) if root is not None else data_home()) / "training")
-        self.serve = serve or (lambda name, folder: None)
+        self.serve = serve or (lambda name, folder, base: None)
         self.busy = busy or (lambda: False)
         self.name_taken = name_taken or (lambda name: False)
         self.nice, self.threads = nice, threads
         self.hold_max_s, self.share_s = hold_max_s, share_s
         self.adapters: dict[str, str] = {}  # name -> folder, of every checkpoint and adapter served so far
+        self.bases: dict[str, str] = {}  # name -> the base model it was trained on (served only on that one)
         self.lock = threading.Lock()
         self.queue: list[str] = []
         self.proc: Optional[subprocess.Popen] = None
@@ -222,9 +223,8 @@ class TrainManager:
                  if r.get("status") in UNFINISHED]
         for job_id in found:
             self._enqueue(job_id)
-        for job_id, _ in [(f.id, None) for f in self.store.jobs()]:
-            for adapter, folder in self.served(job_id).items():  # adapters of finished jobs: served again
-                self._serve(adapter, folder)
+        for folder in self.store.jobs():  # adapters of finished jobs: served again
+            self._publish(folder)
         return found
 
     def cancel(self, job_id: str) -> dict:
@@ -258,12 +258,12 @@ class TrainManager:
         except (ProcessLookupError, OSError):
             pass
 
-    def _serve(self, name: str, folder: str) -> None:
+    def _serve(self, name: str, folder: str, base: str) -> None:
         if self.adapters.get(name) == folder:
             return
-        self.adapters[name] = folder
+        self.adapters[name], self.bases[name] = folder, base
         try:
-            self.serve(name, folder)
+            self.serve(name, folder, base)
         except Exception as exc:  # noqa: BLE001 - serving is best effort; the folder stays on disk
             print(f"mlx_nb: could not serve adapter {name} ({exc})", file=sys.stderr)
 
@@ -356,9 +356,13 @@ class TrainManager:
         root = folder.path / CHECKPOINTS
         if not final and not root.exists():
             return
+        try:
+            settings = folder.record()["settings"]
+        except (OSError, ValueError, KeyError):
+            return
         for adapter, path in self.served(folder.id).items():
-            if final or adapter != folder.record()["settings"]["name"]:
-                self._serve(adapter, path)
+            if final or adapter != settings["name"]:
+                self._serve(adapter, path, settings["base"])
 
 
 def _last_line(path: Path) -> str:

@@ -79,6 +79,13 @@ def test_what_cannot_be_trained_is_a_400_naming_the_fix(server):
         sdk.fine_tuning.jobs.create(model=MODEL, training_file="file-nope", suffix="x")
     with pytest.raises(openai.NotFoundError, match="no fine-tuning job"):
         sdk.fine_tuning.jobs.retrieve("ftjob_nope")
+    # a fine-tune of a model this server does not serve: kept, but neither listed nor served here
+    other = client.train(ROWS, name="elsewhere", base="tiny-gemma3", iters=2, progress=False)
+    assert other.status()["status"] == "completed"
+    assert not [m.id for m in sdk.models.list().data if "elsewhere" in m.id]
+    with pytest.raises(openai.NotFoundError):
+        sdk.chat.completions.create(model=f"{MODEL}@elsewhere", messages=[{"role": "user", "content": "hi"}],
+                                    max_tokens=2)
     job = client.train(ROWS, name="once", base=MODEL, iters=2, wait=False)
     with pytest.raises(ClientError, match="an adapter named 'once' exists already"):
         client.train(ROWS, name="once", base=MODEL, wait=False)

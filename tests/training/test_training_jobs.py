@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from mlx_nb import Client
+from mlx_nb.client import backends
 from mlx_nb.client import training as client_training
 from mlx_nb.client.streams import ClientError
 from mlx_nb.models.sources import resolve
@@ -88,6 +89,8 @@ def test_a_fine_tune_teaches_the_default_model_a_json_shape_and_is_served_beside
     # the checkpoint is served too, and the engine never reloaded the base model for either
     assert client.chat(asks[0][0], model=f"{BASE}@orders:step-20", max_tokens=8).text
     assert {a["name"] for a in client.engine.adapters()} == {"orders", "orders:step-20"}
+    for name in ("orders", "orders:step-20"):  # the shared engine goes on serving the next tests without them
+        client.engine.unload_adapter(name)
 
 
 def tiny_rows(n: int = 24) -> list[dict]:
@@ -212,6 +215,7 @@ def test_the_train_magic_trains_and_a_chat_cell_uses_the_adapter(data_home, tmp_
     assert "mlx:" not in cap.stderr  # no error line
     _, cap = run_cell(ip, "%mlx train nothing --name other")
     assert "no variable 'nothing'" in cap.stderr
+    backends._ENGINES["tiny-llama"].unload_adapter("magic")  # the shared engine serves the next tests without it
 
 
 def test_the_loss_picture_draws_every_step_and_escapes_what_it_is_given():
