@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +31,9 @@ def build(src: Path) -> Path:
     nb = jupytext.read(src)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     os.environ["MLX_NB_NO_STREAM"] = "1"
+    # jobs and fine-tunes in a folder of this build's own, as under nbval: a tutorial must neither find
+    # an earlier run's nor leave its own in the user's data home
+    os.environ.setdefault("MLX_NB_JOBS_DIR", tempfile.mkdtemp(prefix="mlx-nb-tutorial-jobs-"))
     t = time.time()
     NotebookClient(nb, timeout=600, kernel_name="python3", store_widget_state=False,
                    resources={"metadata": {"path": str(ROOT)}}).execute()

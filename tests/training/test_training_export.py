@@ -30,7 +30,7 @@ ROWS = [{"prompt": f"{i} plus {i}", "completion": f"{2 * i} and that is all"} fo
 
 def trained(home: Path, base: str, name: str) -> TrainJob:
     manager = TrainManager(home)
-    job = manager.create(ROWS, base, name, iters=6, steps_per_save=100, learning_rate=3e-2, num_layers=-1)
+    job = manager.create(ROWS, base, name, iters=4, steps_per_save=100, learning_rate=3e-2, num_layers=-1)
     assert manager.wait(job, timeout=300)["status"] == "completed"
     manager.close()
     return TrainJob(manager, job)
