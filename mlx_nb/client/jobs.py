@@ -75,6 +75,9 @@ class EmbeddedJobs:
     def resume(self, job_id: str) -> None:
         self.manager.start(job_id)
 
+    def requests(self, job_id: str) -> list[dict]:
+        return list(self.manager.store.job(job_id).inputs())
+
     def list(self) -> list[dict]:
         return self.manager.list(limit=100)
 
@@ -117,6 +120,11 @@ class RemoteJobs:
 
     def resume(self, job_id: str) -> None:
         pass  # the server resumes its own jobs
+
+    def requests(self, job_id: str) -> list[dict]:
+        file_id = self.describe(job_id).get("input_file_id")
+        text = self.client.files.content(file_id).text if file_id else ""
+        return [json.loads(raw) for raw in text.splitlines() if raw.strip()]
 
     def list(self) -> list[dict]:
         return [b.to_dict() for b in self.client.batches.list(limit=100)]
@@ -185,6 +193,23 @@ class Job:
 
     def cancel(self) -> dict:
         return self.backend.cancel(self.id)
+
+    def conversations(self) -> list[list[dict]]:
+        """Each finished row as a conversation: its request's messages and the model's answer (rows that
+        failed are left out): what `client.train` learns from when handed this job."""
+        answers = {}
+        for line in self.backend.results(self.id):
+            body = ((line.get("response") or {}).get("body") or {}) if not line.get("error") else {}
+            choices = body.get("choices") or []
+            if choices and (choices[0].get("message") or {}).get("content"):
+                answers[str(line.get("custom_id"))] = choices[0]["message"]["content"]
+        out = []
+        for request in self.backend.requests(self.id):
+            answer = answers.get(str(request.get("custom_id")))
+            messages = (request.get("body") or {}).get("messages")
+            if answer is not None and messages:
+                out.append([*messages, {"role": "assistant", "content": answer}])
+        return out
 
     def __repr__(self) -> str:
         return f"Job({self.id!r})"

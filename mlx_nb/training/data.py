@@ -25,7 +25,10 @@ class TrainingDataError(ValueError):
 
 
 def _records(data: Any) -> list:
-    """The rows of `data` as plain Python values, whatever container they came in."""
+    """The rows of `data` as plain Python values, whatever container they came in (a dataset job: its
+    finished rows as conversations, the model's answers as the assistant's turns)."""
+    if callable(getattr(data, "conversations", None)):
+        return data.conversations()
     if isinstance(data, (str, Path)):
         path = Path(data).expanduser()
         if not path.is_file():

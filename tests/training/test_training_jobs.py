@@ -234,3 +234,19 @@ def test_the_loss_picture_draws_every_step_and_escapes_what_it_is_given():
     points = svg.split('class="train" points="')[1].split('"')[0].split()
     assert len(points) == 10 and svg.count("<circle") == 2
     assert "<script>" not in svg and "&lt;script&gt;" in svg and "&lt;b&gt;m" in svg
+
+
+def test_a_finished_dataset_job_is_training_data_its_answers_the_assistants_turns(data_home):
+    client = Client(model="tiny-llama")
+    texts = [f"number {i}" for i in range(16)]
+    job = client.map(texts, "Repeat: {text}", max_tokens=6, wait=False)
+    job.wait(progress=False)
+    conversations = job.conversations()
+    answers = job.result()
+    assert len(conversations) == sum(1 for a in answers if a) >= 12
+    first = next(i for i, a in enumerate(answers) if a)
+    assert conversations[0][-1] == {"role": "assistant", "content": answers[first]}
+    assert conversations[0][-2]["content"] == f"Repeat: number {first}"
+    tuned = client.train(job, name="from-a-job", iters=2, progress=False)
+    rows = tuned.status()["rows"]
+    assert rows["train"] + rows["valid"] == len(conversations) and tuned.status()["status"] == "completed"
