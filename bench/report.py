@@ -1,5 +1,5 @@
 """Turn one benchmark run into bench/results/latest.md (tables, targets), throughput.png and the
-README's benchmark table."""
+benchmark table of docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -257,12 +257,12 @@ def write_report(data, out: Path, readme: Path | None = None) -> None:
     _plot(data, levels, out / "throughput.png")
     if readme is not None:
         summary = [head, ""] + _level_tables(runs, levels)[4:len(runs) + 6] + _real_tables(data) + [
-                   "", "Targets, latency and where the time goes: [bench/results/latest.md](bench/results/latest.md)."]
+                   "", "Targets, latency and where the time goes: [bench/results/latest.md](../bench/results/latest.md)."]
         update_readme(readme, "\n".join(summary))
 
 
 def update_readme(readme: Path, table: str) -> None:
-    """Replace what stands between the README's bench markers with `table`."""
+    """Replace what stands between the page's bench markers (docs/benchmarks.md) with `table`."""
     text = readme.read_text()
     start, end = text.index(README_START) + len(README_START), text.index(README_END)
     _write_atomically(readme, text[:start] + "\n" + table + "\n" + text[end:])

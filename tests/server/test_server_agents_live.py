@@ -1,5 +1,5 @@
 """The coding agents this project was started for, unmodified (installed from npm into a cache, see
-tests/agents/clis.py), each set up as the README says, against a live `jupyter mlx`: each completes
+tests/agents/clis.py), each set up as docs/agents.md says, against a live `jupyter mlx`: each completes
 a turn with no workaround flag.
 
 Their prompts are long (Claude Code's is ~77k bytes: system prompt and two dozen tools), so the

@@ -1,0 +1,25 @@
+"""docs/settings.md is generated from the server's traits, so it lists every setting the server takes
+(the engine's and its own) with the help the code gives, and cannot drift from them."""
+
+import dataclasses
+
+from jupyter_ext import settings_doc
+from jupyter_ext.app import MLXExtension
+from mlx_nb.engine.config import EngineConfig
+
+
+def test_the_page_is_what_the_generator_writes():
+    assert settings_doc.DOC.read_text() == settings_doc.render(), "regenerate it: python -m jupyter_ext.settings_doc"
+
+
+def test_every_setting_of_the_server_and_of_the_engine_it_exposes_is_listed():
+    text = settings_doc.render()
+    own = [n for n, t in MLXExtension.class_traits(config=True).items()
+           if t.this_class.__name__ in settings_doc.OWNERS]
+    engine = [f.name for f in dataclasses.fields(EngineConfig) if f.metadata["server"]]
+    assert engine and set(engine) <= set(own)
+    for name in own:
+        assert f"| `{name}` |" in text
+    for name in ("draft_models", "metrics_unauthenticated", "quantize", "jobs_dir", "max_batch"):
+        assert f"| `{name}` |" in text, name
+    assert "| `answer_yes` |" not in text  # Jupyter's own application settings are Jupyter's to document
