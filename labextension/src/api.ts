@@ -3,7 +3,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { cleanSvg, EngineStatus, JobStatus, pictureWidth } from './data';
+import { cleanSvg, EngineStatus, JobStatus, pictureWidth, TrainStatus } from './data';
 
 const settings = ServerConnection.makeSettings();
 
@@ -57,6 +57,22 @@ export async function fetchCachePicture(id: string, width: number): Promise<SVGS
 export async function fetchJobs(): Promise<JobStatus[]> {
   const response = await ServerConnection.makeRequest(url('batches?limit=20'), {}, settings);
   return response.ok ? ((await response.json()).data as JobStatus[]) : [];
+}
+
+/** The server's fine-tunes (newest first), as the fine-tuning jobs route lists them. */
+export async function fetchTrainings(): Promise<TrainStatus[]> {
+  const response = await ServerConnection.makeRequest(url('fine_tuning/jobs?limit=20'), {}, settings);
+  return response.ok ? ((await response.json()).data as TrainStatus[]) : [];
+}
+
+/** Stop a fine-tune: its checkpoints so far stay served. */
+export async function cancelTraining(id: string): Promise<boolean> {
+  const response = await ServerConnection.makeRequest(
+    url(`fine_tuning/jobs/${encodeURIComponent(id)}/cancel`),
+    { method: 'POST' },
+    settings
+  );
+  return response.ok;
 }
 
 /** Stop a job: its rows in flight are aborted, the rows it finished are kept. */

@@ -71,6 +71,51 @@ export function jobLines(jobs: JobStatus[]): { id: string; text: string; status:
     });
 }
 
+/** A fine-tune, as the fine-tuning jobs route lists it (OpenAI's job object and this server's progress). */
+export interface TrainStatus {
+  id: string;
+  mlx_status?: string; // queued, running, completed, failed, cancelled, cancelling
+  status: string;
+  settings?: { name?: string; base?: string } | null;
+  step?: number;
+  total_steps?: number;
+  train_loss?: number;
+  val_loss?: number;
+  tokens_per_second?: number;
+  eta_s?: number | null;
+  paused?: boolean;
+}
+
+const TRAINING = ['queued', 'running', 'cancelling'];
+
+/** The fine-tunes still running, one line each: "fine-tune orders · step 12/40 · loss 0.531 · 53 tok/s · ETA 30 s". */
+export function trainLines(jobs: TrainStatus[]): { id: string; text: string; status: string }[] {
+  return jobs
+    .map(j => ({ j, status: j.mlx_status ?? j.status }))
+    .filter(({ status }) => TRAINING.includes(status))
+    .map(({ j, status }) => {
+      const parts = [`fine-tune ${j.settings?.name ?? j.id}`, `step ${j.step ?? 0}/${j.total_steps ?? '?'}`];
+      if (j.train_loss != null) {
+        parts.push(`loss ${j.train_loss.toFixed(3)}`);
+      }
+      if (j.val_loss != null) {
+        parts.push(`val ${j.val_loss.toFixed(3)}`);
+      }
+      if (j.tokens_per_second) {
+        parts.push(`${Math.round(j.tokens_per_second)} tok/s`);
+      }
+      if (j.eta_s != null && j.eta_s > 0) {
+        parts.push(`ETA ${Math.round(j.eta_s)} s`);
+      }
+      if (j.paused) {
+        parts.push('paused for a chat');
+      } else if (status !== 'running') {
+        parts.push(status);
+      }
+      return { id: j.id, text: parts.join(' · '), status };
+    });
+}
+
 /** The interactive requests (a dataset job's rows are summed up in its job's line). */
 export function interactive(status: EngineStatus): RequestStatus[] {
   return (status.requests ?? []).filter(r => !r.job);

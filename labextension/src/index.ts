@@ -11,7 +11,15 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Poll } from '@lumino/polling';
 
-import { abortRequest, clearPrefixCache, fetchBatchPicture, fetchCachePicture, fetchJobs, fetchStatus } from './api';
+import {
+  abortRequest,
+  clearPrefixCache,
+  fetchBatchPicture,
+  fetchCachePicture,
+  fetchJobs,
+  fetchStatus,
+  fetchTrainings
+} from './api';
 import { EngineStatus } from './data';
 import { ChatBox } from './chat';
 import { EngineCompletions } from './completer';
@@ -74,7 +82,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         item.show_(latest);
         sidebar.show_(latest);
         if (sidebar.isVisible && latest.ready) {
-          sidebar.showJobs(await fetchJobs());
+          sidebar.showJobs(await fetchJobs(), await fetchTrainings());
           sidebar.showTimeline(await fetchBatchPicture(settings.timelineLanes, sidebar.pictureWidth));
           if (sidebar.selected !== null) {
             sidebar.showCache(await fetchCachePicture(sidebar.selected, sidebar.pictureWidth));

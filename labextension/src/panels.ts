@@ -2,7 +2,7 @@
 // request labels and sources come from other notebooks and clients, so nothing is parsed as HTML.
 import { Panel, Widget } from '@lumino/widgets';
 
-import { abortRequest, cancelJob } from './api';
+import { abortRequest, cancelJob, cancelTraining } from './api';
 import {
   EngineStatus,
   interactive,
@@ -13,6 +13,8 @@ import {
   RequestStatus,
   shortName,
   stateOf,
+  trainLines,
+  TrainStatus,
   waiting
 } from './data';
 
@@ -99,22 +101,25 @@ export class Sidebar extends Panel {
     return this.timeline.node.clientWidth;
   }
 
-  /** The dataset jobs running on the server, each with a Stop button (their rows are background rows
-   * of the batch, so they are not listed among the requests one by one). */
-  showJobs(jobs: JobStatus[]): void {
+  /** The dataset jobs and fine-tunes running on the server, each with a Stop button (a job's rows are
+   * background rows of the batch, so they are not listed among the requests one by one). */
+  showJobs(jobs: JobStatus[], trainings: TrainStatus[] = []): void {
+    type Line = { id: string; text: string; status: string };
+    const line = (j: Line, what: string, cancel: (id: string) => Promise<boolean>) => {
+      const stop = document.createElement('button');
+      stop.className = 'jp-Button mlx-nb-Button mlx-nb-Job-stop';
+      stop.textContent = 'Stop';
+      stop.title = `Stop ${what} ${j.id}`;
+      stop.disabled = j.status === 'cancelling';
+      stop.addEventListener('click', () => {
+        stop.disabled = true;
+        void cancel(j.id);
+      });
+      return item('mlx-nb-Job', { id: j.id, status: j.status }, span('mlx-nb-Job-progress', j.text), stop);
+    };
     this.jobs.replaceChildren(
-      ...jobLines(jobs).map(j => {
-        const stop = document.createElement('button');
-        stop.className = 'jp-Button mlx-nb-Button mlx-nb-Job-stop';
-        stop.textContent = 'Stop';
-        stop.title = `Stop job ${j.id} (the rows it finished are kept)`;
-        stop.disabled = j.status === 'cancelling';
-        stop.addEventListener('click', () => {
-          stop.disabled = true;
-          void cancelJob(j.id);
-        });
-        return item('mlx-nb-Job', { id: j.id, status: j.status }, span('mlx-nb-Job-progress', j.text), stop);
-      })
+      ...jobLines(jobs).map(j => line(j, 'job', cancelJob)),
+      ...trainLines(trainings).map(j => line(j, 'fine-tune', cancelTraining))
     );
   }
 

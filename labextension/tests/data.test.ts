@@ -11,6 +11,7 @@ import {
   pictureWidth,
   shortName,
   stateOf,
+  trainLines,
   waiting
 } from '../src/data';
 
@@ -150,5 +151,26 @@ describe('interactive', () => {
     const status = { ...base, requests: [r('a', 'decode', null), r('b', 'queued', 'batch_1'), r('c', 'queued', null)] };
     expect(interactive(status).map(x => x.id)).toEqual(['a', 'c']);
     expect(waiting(status)).toBe(1);
+  });
+});
+
+describe('trainLines', () => {
+  it('lists running and queued fine-tunes with their step, losses, speed, ETA and pause, not finished ones', () => {
+    const lines = trainLines([
+      { id: 'a', status: 'running', mlx_status: 'running', settings: { name: 'orders' }, step: 12, total_steps: 40,
+        train_loss: 0.5312, val_loss: 0.61, tokens_per_second: 53.4, eta_s: 30.2, paused: false },
+      { id: 'b', status: 'running', mlx_status: 'running', settings: { name: 'polite' }, step: 3, total_steps: 9,
+        paused: true },
+      { id: 'c', status: 'queued', settings: { name: 'next' } },
+      { id: 'd', status: 'succeeded', mlx_status: 'completed', settings: { name: 'done' }, step: 9, total_steps: 9 },
+      { id: 'e', status: 'running', mlx_status: 'cancelling', settings: { name: 'stop' } }
+    ]);
+    expect(lines.map(l => l.text)).toEqual([
+      'fine-tune orders · step 12/40 · loss 0.531 · val 0.610 · 53 tok/s · ETA 30 s',
+      'fine-tune polite · step 3/9 · paused for a chat',
+      'fine-tune next · step 0/? · queued',
+      'fine-tune stop · step 0/? · cancelling'
+    ]);
+    expect(lines.map(l => l.status)).toEqual(['running', 'running', 'queued', 'cancelling']);
   });
 });
