@@ -12,8 +12,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from traitlets import Bool, Float, Int, Unicode
-from traitlets.config import Configurable
+from traitlets import Bool, Float, HasTraits, Int, Unicode
 
 from mlx_nb.engine import settings_rows
 
@@ -36,7 +35,7 @@ _TRAITS = engine_traits()
 SERVER_ENGINE_SETTINGS = tuple(_TRAITS)
 
 # The engine's settings as traits; MLXExtension inherits them (c.MLXExtension.max_batch = 8).
-EngineTraits = type("EngineTraits", (Configurable,), {"__doc__": "The engine's settings (EngineConfig).", **_TRAITS})
+EngineTraits = type("EngineTraits", (HasTraits,), {"__doc__": "The engine's settings (EngineConfig).", **_TRAITS})
 
 
 def engine_kwargs(app, **own: Any) -> dict:

@@ -23,3 +23,13 @@ def test_every_setting_of_the_server_and_of_the_engine_it_exposes_is_listed():
     for name in ("draft_models", "metrics_unauthenticated", "quantize", "jobs_dir", "max_batch"):
         assert f"| `{name}` |" in text, name
     assert "| `answer_yes` |" not in text  # Jupyter's own application settings are Jupyter's to document
+
+
+def test_help_all_lists_each_engine_setting_once_under_the_server():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    jupyter = str(Path(sys.executable).with_name("jupyter"))
+    text = subprocess.run([jupyter, "mlx", "--help-all"], capture_output=True, text=True, timeout=120).stdout
+    assert text.count("--MLXExtension.max_batch=") == 1 and "EngineTraits" not in text
