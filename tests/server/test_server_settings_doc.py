@@ -32,4 +32,4 @@ def test_help_all_lists_each_engine_setting_once_under_the_server():
 
     jupyter = str(Path(sys.executable).with_name("jupyter"))
     text = subprocess.run([jupyter, "mlx", "--help-all"], capture_output=True, text=True, timeout=120).stdout
-    assert text.count("--MLXExtension.max_batch=") == 1 and "EngineTraits" not in text
+    assert text.count("--MLXExtension.max_batch=") == 1 and "--EngineTraits." not in text
