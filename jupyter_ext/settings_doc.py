@@ -39,6 +39,10 @@ def render() -> str:
     for name in sorted(traits):
         t = traits[name]
         lines.append(f"| `{name}` | {type(t).__name__} | {_default(t)} | {_cell(t.help or '')} |")
+    from mlx_nb.environment import markdown
+
+    lines += ["", "## Environment variables", "", "Read by the package itself (the server, kernels and notebooks "
+              "alike); the list is checked against every `MLX_NB_*` name the code reads.", "", *markdown()]
     return "\n".join(lines) + "\n"
 
 

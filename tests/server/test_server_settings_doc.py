@@ -33,3 +33,17 @@ def test_help_all_lists_each_engine_setting_once_under_the_server():
     jupyter = str(Path(sys.executable).with_name("jupyter"))
     text = subprocess.run([jupyter, "mlx", "--help-all"], capture_output=True, text=True, timeout=120).stdout
     assert text.count("--MLXExtension.max_batch=") == 1 and "--EngineTraits." not in text
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    import re
+    from pathlib import Path
+
+    from mlx_nb.environment import VARIABLES
+
+    root = Path(__file__).parents[2]
+    sources = [*root.glob("mlx_nb/**/*.py"), *root.glob("jupyter_ext/**/*.py"), *root.glob("mlx_nb/kernels/csrc/*")]
+    sources = [f for f in sources if f.is_file() and f.name != "environment.py"]  # the list itself reads nothing
+    read = {m for f in sources for m in re.findall(r"MLX_NB_[A-Z_]+", f.read_text(errors="ignore"))}
+    assert read - set(VARIABLES) == set(), "document them in mlx_nb/environment.py"
+    assert set(VARIABLES) - read == set(), "no longer read: remove them from mlx_nb/environment.py"
