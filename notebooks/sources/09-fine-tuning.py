@@ -49,7 +49,7 @@ print(client.chat("Please send 4 clocks.", max_tokens=40).text)
 # leaves a picture of the run in the saved notebook.
 
 # %%
-job = client.train(rows, name="orders", iters=16, learning_rate=4e-4, num_layers=8, steps_per_save=8)
+job = client.train(rows, name="orders", iters=20, batch_size=2, learning_rate=4e-4, num_layers=8, steps_per_save=10)
 
 # %% tags=["nbval-check-output"]
 losses = job.losses()
@@ -60,7 +60,7 @@ print("validation loss fell by more than half:", val[-1] < 0.5 * val[0])
 # %% [markdown]
 # ## Chat with it
 # The adapter is served as `smollm2-135m-instruct@orders`, and its checkpoint as
-# `smollm2-135m-instruct@orders:step-8`. `compare` asks every model every prompt at once: the base
+# `smollm2-135m-instruct@orders:step-10`. `compare` asks every model every prompt at once: the base
 # model's rows and the adapter's decode side by side in one batch.
 
 # %% tags=["nbval-check-output"]
