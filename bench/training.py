@@ -7,8 +7,9 @@ order as `{"item": ..., "qty": N}`, 200 rows naming made-up items):
 1. the default model's weights as a float32 MLX folder (its GGUF blocks dequantized: what
    `Client.train` trains on), and the rows split as `Client.train` splits them, written as mlx_lm's
    train.jsonl / valid.jsonl;
-2. `python -m mlx_lm lora --train` on that folder and those files: the tokens/s it reports every 10
-   steps, the first window left out (compilation);
+2. `python -m mlx_lm lora --train` on that folder and those files, with the BLAS mlx_nb preloads
+   (LD_PRELOAD; alone it runs MLX's bundled one, several times slower here): the tokens/s it reports
+   every 10 steps, the first window left out (compilation);
 3. `Client.train` on the same folder, rows and settings, nothing else running: its steps' tokens/s
    over the same windows (the issue's >= 0.9x);
 4. chats while a fine-tune runs: one chat every 1.5 s on the embedded default model, time to the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -96,7 +98,14 @@ def mlx_lm_cli(folder: Path, data: Path, iters: int, out: Path) -> list[float]:
            str(SETTINGS["num_layers"]), "--learning-rate", str(SETTINGS["learning_rate"]), "--mask-prompt",
            "--steps-per-report", "10", "--steps-per-eval", str(iters * 2), "--val-batches", "1",
            "--adapter-path", str(out)]
-    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    # the same BLAS as ours (mlx_nb preloads it; `python -m mlx_lm` alone runs MLX's bundled one, several
+    # times slower here): the comparison is of the training loops, not of the matmul libraries
+    from mlx_nb.runtime import find_blas
+
+    env = dict(os.environ)
+    if find_blas():
+        env["LD_PRELOAD"] = find_blas()
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
     return [float(m.group(3).replace(",", "")) for m in map(CLI_ROW.match, plain.splitlines()) if m]
 
@@ -185,7 +194,6 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=60)
     args = parser.parse_args()
-    import os
 
     from mlx_nb import Client
     from mlx_nb.client.training import close_manager

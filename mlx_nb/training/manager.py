@@ -20,6 +20,8 @@ each a worker process (training/worker.py) watched by a thread here.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -80,19 +82,29 @@ class TrainManager:
 
     # -- creating ------------------------------------------------------------------------------
     def create(self, data: Any, base: str, name: str, val: Any = None, **settings: Any) -> str:
-        """A queued fine-tune of `base` on `data`, served as `base@name` when done; its id."""
+        """A queued fine-tune of `base` on `data`, served as `base@name` when done; its id. The same
+        fine-tune asked for again (same name, rows and settings: its fingerprint) is that job, resumed
+        if it had not finished, so running a cell again never trains twice."""
         try:
             s = TrainSettings.from_dict({"base": base, "name": name, **settings}).check()
             shape, rows, dropped = rows_of(data)
             train, valid, val_dropped = split(rows, val, s.batch_size, s.seed)
         except (ValueError, TypeError) as exc:
             raise TrainingError(str(exc)) from None
+        fingerprint = hashlib.sha256(json.dumps([s.to_dict(), train, valid], sort_keys=True, ensure_ascii=False,
+                                                default=str).encode()).hexdigest()
+        for r in self._records():  # the same fine-tune asked for again (a cell run again): that job
+            if r.get("fingerprint") == fingerprint and r.get("status") not in ("cancelled", "failed"):
+                if r.get("status") in UNFINISHED:
+                    self._enqueue(r["id"])  # resumed from its last checkpoint, if no process runs it
+                return r["id"]
         if self.name_taken(name) or any(r.get("settings", {}).get("name") == name and r.get("status") != "cancelled"
                                          and r.get("status") != "failed" for r in self._records()):
-            raise TrainingError(f"an adapter named {name!r} exists already: pick another name")
+            raise TrainingError(f"an adapter named {name!r} exists already with other rows or settings: pick "
+                                "another name")
         truncated = self._check_lengths(s, train + valid)
         record = {"id": new_id("ftjob"), "object": "fine_tuning.job", "kind": "train", "status": "queued",
-                  "created_at": time.time(), "settings": s.to_dict(), "shape": shape,
+                  "created_at": time.time(), "settings": s.to_dict(), "shape": shape, "fingerprint": fingerprint,
                   "rows": {"train": len(train), "valid": len(valid), "dropped": {**dropped, **val_dropped},
                            "truncated": truncated},
                   "total_steps": s.steps(len(train)), "step": 0}

@@ -197,8 +197,9 @@ def test_what_cannot_be_trained_is_refused_before_any_step(data_home, tmp_path):
     assert client.training_jobs() == []  # nothing was written
     # a name in use: refused, and the first job is left alone
     job = client.train(rows, name="taken", iters=2, wait=False)
+    assert client.train(rows, name="taken", iters=2, wait=False).id == job.id  # asked again: that job
     with pytest.raises(ClientError, match="an adapter named 'taken' exists already"):
-        client.train(rows, name="taken", wait=False)
+        client.train(rows, name="taken", wait=False)  # the same name, other settings
     assert job.cancel()["status"] in ("cancelling", "cancelled")
     manager = TrainManager(data_home)
     try:
