@@ -62,7 +62,10 @@ class TrainManager:
     def __init__(self, root: Optional[Path] = None, serve: Optional[Callable[[str, str, str], None]] = None,
                  busy: Optional[Callable[[], bool]] = None, name_taken: Optional[Callable[[str], bool]] = None,
                  nice: int = 10, threads: Optional[int] = None, hold_max_s: float = 2.0, share_s: float = 0.25):
-        self.store = Store((Path(root) if root is not None else data_home()) / "training")
+        # no disk budget and no time to live: a dataset job's results are evicted to make room, an
+        # adapter someone trained is kept until they delete it
+        self.store = Store((Path(root) if root is not None else data_home()) / "training", disk_bytes=2**62,
+                           ttl_s=float("inf"))
         self.serve = serve or (lambda name, folder, base: None)
         self.busy = busy or (lambda: False)
         self.name_taken = name_taken or (lambda name: False)
@@ -193,12 +196,12 @@ class TrainManager:
 
     def served(self, job_id: str) -> dict[str, str]:
         """{adapter name: folder} of the job's checkpoints and final adapter on disk."""
-        folder = self.store.job(job_id).path
-        name = folder_name = self.store.job(job_id).record()["settings"]["name"]
+        job = self.store.job(job_id)
+        folder, name = job.path, job.record()["settings"]["name"]
         out = {}
         for ck in sorted((folder / CHECKPOINTS).glob("step-*")) if (folder / CHECKPOINTS).exists() else []:
             if (ck / "state.json").exists():
-                out[f"{folder_name}:step-{int(ck.name.split('-')[1])}"] = str(ck)
+                out[f"{name}:step-{int(ck.name.split('-')[1])}"] = str(ck)
         if (folder / ADAPTER / "adapters.safetensors").exists():
             out[name] = str(folder / ADAPTER)
         return out

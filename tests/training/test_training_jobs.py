@@ -201,6 +201,10 @@ def test_what_cannot_be_trained_is_refused_before_any_step(data_home, tmp_path):
     with pytest.raises(ClientError, match="an adapter named 'taken' exists already"):
         client.train(rows, name="taken", wait=False)  # the same name, other settings
     assert job.cancel()["status"] in ("cancelling", "cancelled")
+    assert job.manager.wait(job.id, timeout=60)["status"] == "cancelled"
+    job.manager.store.job(job.id).update(ended_at=time.time() - 30 * 86400)  # a month ago
+    client.train(rows, name="later", iters=2, wait=False).cancel()  # a new job makes room and expires old ones
+    assert job.manager.store.job(job.id).record()["settings"]["name"] == "taken"  # fine-tunes are kept
     manager = TrainManager(data_home)
     try:
         with pytest.raises(TrainingError, match="data has no usable rows"):
