@@ -78,6 +78,7 @@ class TrainManager:
         self.proc: Optional[subprocess.Popen] = None
         self.current: Optional[str] = None
         self.cancelled: set[str] = set()
+        self._stopped = False  # the running worker is stopped for a chat (SIGSTOP)
         self.closed = False
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name="mlx-nb-training", daemon=True)
@@ -363,8 +364,6 @@ class TrainManager:
             time.sleep(POLL_S)
         self._stopped = False
         return proc.wait()
-
-    _stopped = False
 
     def _publish(self, folder: JobFolder, final: bool = True) -> None:
         """Serve each checkpoint (and at the end the adapter) not served yet."""
