@@ -1,6 +1,6 @@
 """bench: a dataset job on the default model, beside the engine's own best and beside interactive chats.
 
-    .venv/bin/python bench/jobs.py [--rows 2000]    # writes bench/results/jobs.md and jobs.json (~10 min)
+    .venv/bin/python bench/jobs.py [--rows 2000] [--job-batch N]   # writes bench/results/jobs.md and .json (~15 min)
 
 Measured in one process, one run, on the default model (smollm2-135m-instruct):
 1. the engine's best aggregate tokens/s: the job's first 32 prompts sent as 32 concurrent interactive
@@ -130,12 +130,14 @@ def llama_server_rows(data: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2000)
+    ap.add_argument("--job-batch", type=int, default=None, help="Engine(job_batch=): the default if not given")
     args = ap.parse_args()
     os.environ.setdefault("MLX_NB_HOME", tempfile.mkdtemp(prefix="mlx-nb-jobs-bench-"))
     from mlx_nb import Client, Engine
 
     data = rows(args.rows)
-    with Engine(MODEL, wait=True) as engine:
+    settings = {} if args.job_batch is None else {"job_batch": args.job_batch}
+    with Engine(MODEL, wait=True, **settings) as engine:
         chat_once(engine, "warm up", 8)
         best = best_concurrent(engine, rows(args.rows + 96)[args.rows:])
         idle = [chat_once(engine, f"Tell me a short story about {c}.", 64) for c in CITIES[:10]]
@@ -161,7 +163,8 @@ def main() -> None:
         result = job.result()
         tokens = result.usage["completion_tokens"]
     out = {
-        "rows": args.rows, "job_s": elapsed, "job_rows_per_s": args.rows / elapsed,
+        "rows": args.rows, "job_batch": engine.options["job_batch"], "job_s": elapsed,
+        "job_rows_per_s": args.rows / elapsed,
         "job_tokens_per_s": tokens / elapsed, "best_32_tokens_per_s": best,
         "job_vs_best": tokens / elapsed / best, "errors": len(result.errors),
         "idle_ttft_s": statistics.median(s["ttft"] for s in idle),

@@ -48,7 +48,10 @@ def perplexity_llama_style(loaded, ids: list[int], n_ctx: int = N_CTX) -> tuple[
     return math.exp(total / count), count
 
 
-def llama_perplexity(gguf: Path, n_ctx: int = N_CTX, text: Path = TEXT) -> float:
+def llama_perplexity(gguf: Path, n_ctx: int = N_CTX, text: Path = TEXT, chunks: bool = False):
+    """llama-perplexity's final estimate (and, with `chunks`, how many chunks it scored: the check
+    that both sides read the same tokens). It tokenizes the text with special tokens *not* parsed
+    (`<|im_start|>` is read as plain characters), so compare it on plain text only."""
     from servers import llama_tool
 
     exe = llama_tool("llama-perplexity")
@@ -58,7 +61,10 @@ def llama_perplexity(gguf: Path, n_ctx: int = N_CTX, text: Path = TEXT) -> float
     found = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
     if not found:
         raise RuntimeError("llama-perplexity printed no final estimate:\n" + (out.stdout + out.stderr)[-2000:])
-    return float(found.group(1))
+    if not chunks:
+        return float(found.group(1))
+    count = re.search(r"perplexity over (\d+) chunks", out.stdout + out.stderr)
+    return float(found.group(1)), int(count.group(1)) if count else None
 
 
 def llama_replies(gguf: Path, max_tokens: int = 40) -> list[str]:

@@ -18,8 +18,9 @@ order as `{"item": ..., "qty": N}`, 200 rows naming made-up items):
 5. where llama.cpp's tools are found ($LLAMA_CPP_BIN): the task trained on the default model itself
    (40 steps), exported as GGUF. As F16: greedy replies to 20 unseen requests from llama-server and
    from this engine on that file, the first 16 tokens compared, and how many of llama-server's
-   replies do the task. As Q8_0: perplexity on the validation conversations as llama-perplexity
-   measures it (chunks of 256 tokens, the second half of each scored), ours and llama-perplexity's.
+   replies do the task. As Q8_0: perplexity on the task's 200 conversations as plain text (`role:
+   content` lines), as llama-perplexity measures it (chunks of 256 tokens, the second half of each
+   scored), ours and llama-perplexity's, with the number of chunks each read.
 """
 
 from __future__ import annotations
@@ -181,8 +182,11 @@ def llama_cpp_checks(client, rows: list, valid: list, tmp: Path) -> dict:
     same = sum(a[:16] == b[:16] for a, b in zip(ours, theirs))
     done_there = sum(in_shape(tokenizer.decode(t, skip_special_tokens=True), q) for t, (_, q) in zip(theirs, asks))
     done_here = sum(in_shape(tokenizer.decode(t, skip_special_tokens=True), q) for t, (_, q) in zip(ours, asks))
-    text = "".join(tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in valid)
-    text_file = tmp / "valid.txt"
+    # Plain text, no chat template: llama-perplexity reads special tokens such as <|im_start|> as
+    # characters (split into several easy tokens), where the tokenizer reads one token each, so a
+    # templated text would not be the same token sequence on both sides.
+    text = "\n\n".join("\n".join(f"{m['role']}: {m['content']}" for m in r["messages"]) for r in rows)
+    text_file = tmp / "rows.txt"
     text_file.write_text(text)
     out = {"f16_first16_same": same, "prompts": len(prompts), "task_in_llama_server": done_there,
            "task_here": done_here}
@@ -190,7 +194,8 @@ def llama_cpp_checks(client, rows: list, valid: list, tmp: Path) -> dict:
     out["q8_perplexity_ours"], out["q8_scored_tokens"] = perplexity_llama_style(
         loaded, loaded.tokenizer.encode(text), n_ctx=256)
     try:
-        out["q8_perplexity_llama"] = llama_perplexity(q8, n_ctx=256, text=text_file)
+        out["q8_perplexity_llama"], out["q8_llama_chunks"] = llama_perplexity(q8, n_ctx=256, text=text_file,
+                                                                              chunks=True)
     except Exception as exc:  # noqa: BLE001 - the F16 comparison above still stands
         out["perplexity_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return out
@@ -301,7 +306,8 @@ The task trained on the default model itself (40 steps), exported by `job.export
   and in this engine on the same file: **{llama['f16_first16_same']} of {llama['prompts']}**; llama-server's
   replies do the task on {llama['task_in_llama_server']} of {llama['prompts']} (this engine's:
   {llama['task_here']}).
-- Q8_0: perplexity on the validation conversations ({llama['q8_scored_tokens']} tokens scored, chunks of 256):
+- Q8_0: perplexity on the task's conversations as plain text ({llama['q8_scored_tokens']} tokens scored, chunks
+  of 256; llama-perplexity read {llama.get('q8_llama_chunks')} chunks, ours {llama['q8_scored_tokens'] // 128}):
   {q8}.
 """
 

@@ -15,6 +15,7 @@ export and an untrusted notebook show.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -33,10 +34,13 @@ def build(src: Path) -> Path:
     os.environ["MLX_NB_NO_STREAM"] = "1"
     # jobs and fine-tunes in a folder of this build's own, as under nbval: a tutorial must neither find
     # an earlier run's nor leave its own in the user's data home
-    os.environ.setdefault("MLX_NB_JOBS_DIR", tempfile.mkdtemp(prefix="mlx-nb-tutorial-jobs-"))
+    jobs = os.environ["MLX_NB_JOBS_DIR"] = tempfile.mkdtemp(prefix="mlx-nb-tutorial-jobs-")
     t = time.time()
-    NotebookClient(nb, timeout=600, kernel_name="python3", store_widget_state=False,
-                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3", store_widget_state=False,
+                       resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        shutil.rmtree(jobs, ignore_errors=True)
     out = ROOT / f"{src.stem}.ipynb"
     nbformat.write(nb, out)
     print(f"{out.name}: {time.time() - t:.0f} s")

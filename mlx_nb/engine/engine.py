@@ -40,7 +40,7 @@ __all__ = ["Engine", "EngineClosedError"]
 
 # the settings status()["options"] shows (Engine.options)
 STATUS_SETTINGS = ("max_batch", "prefill_batch", "prefill_step_size", "prefill_budget_s", "speculation", "draft_model",
-                 "kv_bits", "kv_group_size", "job_rows_under_load")
+                 "kv_bits", "kv_group_size", "job_rows_under_load", "job_batch")
 
 
 # Every engine loop not yet stopped, with the job running it: at interpreter exit each is stopped

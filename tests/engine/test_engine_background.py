@@ -11,6 +11,7 @@ import time
 import pytest
 
 from mlx_nb import Engine
+from mlx_nb.engine import SubmitRequest
 from mlx_nb.engine.sampling.constrained import Constraint
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "name": {"type": "string", "maxLength": 12}},
@@ -192,6 +193,27 @@ def test_job_rows_are_not_counted_as_a_burst_nor_in_the_interactive_latency():
 def test_a_bad_share_setting_is_refused():
     with pytest.raises(ValueError, match="job_rows_under_load"):
         Engine("tiny-llama", job_rows_under_load=-1)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="job_batch must be a whole number of rows >= 1"):
+            Engine("tiny-llama", job_batch=bad)
+
+
+def test_a_job_holds_at_most_job_batch_rows_and_chats_still_fill_the_batch():
+    """The job's rows never exceed `job_batch` in a step (its steps stay short for an arriving chat),
+    while interactive requests still decode up to `max_batch` together."""
+    with Engine("tiny-llama", max_batch=8, job_batch=3, wait=True) as eng:
+        assert eng.status()["background"]["job_batch"] == 3
+        since = eng.events()[-1]["seq"] if eng.events() else 0
+        rows = job_rows(eng, 10, max_tokens=12)
+        assert all(h.result().finish_reason in ("stop", "length") for h in rows)
+        job_ids = {h.id for h in rows}
+        widths = [len(set(e["requests"]) & job_ids) for e in eng.events(since) if e["kind"] == "step"]
+        assert widths and max(widths) == 3, widths
+        since = eng.events()[-1]["seq"]
+        chats = eng.submit_requests([SubmitRequest.of(messages=[{"role": "user", "content": f"chat {i}"}],
+                                                      max_tokens=12, temperature=0.0) for i in range(8)])
+        assert all(h.result().finish_reason in ("stop", "length") for h in chats)
+        assert max(e["detail"]["batch_size"] for e in eng.events(since) if e["kind"] == "step") > 3
 
 
 def test_the_batch_timeline_marks_job_rows_and_their_yields():
@@ -224,7 +246,7 @@ def test_a_wave_waits_for_room_but_not_for_ever_and_yielded_rows_never_wait():
 
     from mlx_nb.engine.scheduling.background import WAVE_WAIT_S, BackgroundLane, Parked
 
-    lane = BackgroundLane()
+    lane = BackgroundLane(batch=32)
     for i in range(40):
         lane.add(SimpleNamespace(id=f"r{i}", extra={"job": "j"}, handle=SimpleNamespace(done=False)))
     assert lane.wave(32, room=5, now=100.0) == 32  # a whole batch's worth waits for room
@@ -234,3 +256,8 @@ def test_a_wave_waits_for_room_but_not_for_ever_and_yielded_rows_never_wait():
     lane.park(Parked(SimpleNamespace(id="p", extra={"job": "j"}, handle=SimpleNamespace(done=False)), [], [1], [[2]]))
     assert lane.wave(32, room=1, now=200.0) == 1  # a yielded row comes back as soon as there is room
     assert [getattr(r, "live", r).id for r in lane.take(3)] == ["p", "r0", "r1"]
+    narrow = BackgroundLane(batch=4)
+    for i in range(10):
+        narrow.add(SimpleNamespace(id=f"n{i}", extra={"job": "j"}, handle=SimpleNamespace(done=False)))
+    assert narrow.room(interactive=0, background=1, max_batch=32, now=0.0) == 3  # job_batch, not max_batch
+    assert narrow.wave(32, room=3, now=0.0) == 4

@@ -4,15 +4,20 @@ A job (mlx_nb/jobs) submits its rows with `job=<id>`. They do not enter mlx_lm's
 submit, as an interactive request does: they wait here, and between two steps the runner asks
 `room()` how many may join.
 
-- With no interactive row in the batch a job fills it, in *waves*: rows join when the whole batch
-  has room for them (or the lane has no more), so their prompts are read as one prompt batch and the
-  batch's cache is extended once, not once per row; on the default model a 2,000-row job runs ~25%
-  faster in waves than row by row (bench/jobs.py). Room left unused for `WAVE_WAIT_S` (a long row
-  still running) is filled without waiting for the wave; yielded rows come back without waiting.
+- With no interactive row in the batch a job fills up to `batch` slots (Engine(job_batch=), 16), in
+  *waves*: rows join when all of those have room for them (or the lane has no more), so their prompts
+  are read as one prompt batch and the batch's cache is extended once, not once per row; on the
+  default model a 2,000-row job runs ~25% faster in waves than row by row (bench/jobs.py). Room left
+  unused for `WAVE_WAIT_S` (a long row still running) is filled without waiting for the wave; yielded
+  rows come back without waiting.
+- Why narrower than `max_batch`: a chat arriving during a job waits for the job's step under way,
+  and a decode step's time grows with its rows. On the default model on a 2-core CPU a step of 32
+  schema-constrained rows takes ~140 ms and one of 16 ~70 ms, decoding as many tokens a second: at
+  16 rows a chat's first token came 1.4x its idle time, at 32 rows 3.3x (bench/jobs.py, one run).
 - When an interactive request arrives, every background row *yields*, decoding or still reading its
   prompt: the runner takes it out of the batch with its cache (`Parked`) and puts it back, exactly
-  where it stopped, when there is room again; its text stream, constraint state and budget go on as if it had never left. With no
-  background row left, the step they had under way is dropped rather than finished, so the request
+  where it stopped, when there is room again; its text stream, constraint state and budget go on as
+  if it had never left. With no background row left, the step they had under way is dropped rather than finished, so the request
   starts at the next step.
 - A job is never starved: once interactive rows have held the batch for `STARVED_S` while the job
   waits, `under_load` of its rows (its minimum share) run beside them until they are gone. A chat of
@@ -29,7 +34,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-UNDER_LOAD_ROWS = 1  # background rows beside interactive ones once the job waited STARVED_S (Engine(job_rows_under_load=))
+UNDER_LOAD_ROWS = 1  # rows beside interactive ones once the job waited STARVED_S (Engine(job_rows_under_load=))
+JOB_BATCH = 16  # most background rows in the batch at once (Engine(job_batch=)): see the module docstring
 STARVED_S = 1.0  # how long interactive rows hold the batch alone before a waiting job gets its minimum share
 WAVE_WAIT_S = 2.0  # room left unused this long: waiting rows join without waiting for a whole wave
 
@@ -48,10 +54,13 @@ class Parked:
 
 
 class BackgroundLane:
-    def __init__(self, under_load: int = UNDER_LOAD_ROWS):
-        if not isinstance(under_load, int) or under_load < 0:
+    def __init__(self, under_load: int = UNDER_LOAD_ROWS, batch: int = JOB_BATCH):
+        if not isinstance(under_load, int) or isinstance(under_load, bool) or under_load < 0:
             raise ValueError(f"job_rows_under_load must be a whole number of rows >= 0, not {under_load!r}")
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"job_batch must be a whole number of rows >= 1, not {batch!r}")
         self.under_load = under_load
+        self.batch = batch
         self.waiting: dict[str, deque] = {}  # job id -> its rows not started yet, in order
         self.parked: deque[Parked] = deque()
         self._turn: deque[str] = deque()  # the jobs' order for the next row (round robin)
@@ -77,7 +86,7 @@ class BackgroundLane:
         """How many more background rows the batch may hold now (negative: how many must yield)."""
         if interactive == 0:
             self.crowded_since = None
-            return max_batch - background
+            return min(max_batch, self.batch) - background
         if self.crowded_since is None:
             self.crowded_since = now
         starved = now - self.crowded_since >= STARVED_S
@@ -96,7 +105,7 @@ class BackgroundLane:
             self.room_since = now
         if self.room_since is not None and now - self.room_since >= WAVE_WAIT_S:
             return 1
-        return max(1, min(len(self), max_batch))
+        return max(1, min(len(self), max_batch, self.batch))
 
     def take(self, n: int) -> list:
         """Up to `n` rows to (re)join the batch: parked ones first, then one per job in turn."""

@@ -181,7 +181,7 @@ class EngineLoop:
                                   drafter=drafter, draft_note=self.draft_note, max_batch=cfg.max_batch,
                                   prefill_batch=cfg.prefill_batch, prefill_step_size=cfg.prefill_step_size,
                                   prefill_budget_s=cfg.prefill_budget_s, speculation=cfg.speculation,
-                                  job_rows_under_load=cfg.job_rows_under_load)
+                                  job_rows_under_load=cfg.job_rows_under_load, job_batch=cfg.job_batch)
         if loaded.kind == "vision" and self.policy.mode != "sequential":  # else the lane reads the images
             from mlx_nb.engine.scheduling.vision_prefill import VisionPrefills
 

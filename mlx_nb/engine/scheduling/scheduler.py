@@ -19,7 +19,7 @@ from mlx_nb.engine.batch.upstream import extracted, progress, responses
 from mlx_nb.engine.caches.layout import always_trimmable
 from mlx_nb.engine.events import EventLog
 from mlx_nb.engine.sampling.samplers import SamplerCache, logits_processors
-from mlx_nb.engine.scheduling.background import UNDER_LOAD_ROWS, BackgroundLane, Parked
+from mlx_nb.engine.scheduling.background import JOB_BATCH, UNDER_LOAD_ROWS, BackgroundLane, Parked
 from mlx_nb.engine.scheduling.latency import Latency
 from mlx_nb.engine.scheduling.live import LiveRequest
 from mlx_nb.engine.scheduling.pacing import PrefillPacer
@@ -49,6 +49,7 @@ class BatchRunner:
         drafter=None,
         draft_note=None,
         job_rows_under_load: int = UNDER_LOAD_ROWS,
+        job_batch: int = JOB_BATCH,
     ):
         self.loaded = loaded
         self.kv = kv  # a KVQuantization: each request's plain KV layers quantized (engine/caches/kv_quant.py)
@@ -66,7 +67,7 @@ class BatchRunner:
         self.samplers = SamplerCache()
         self.by_uid: dict[int, LiveRequest] = {}
         # dataset jobs' rows: admitted into the slots interactive requests leave (engine/scheduling/background.py)
-        self.lane = BackgroundLane(job_rows_under_load)
+        self.lane = BackgroundLane(job_rows_under_load, job_batch)
         # a running job row yields its slot only where its cache can be cut back by a token (plain KV)
         self.yieldable = not self.sequential and all(always_trimmable(c) for c in loaded.make_cache())
         self.job_rows = 0  # background rows finished, for status() and /metrics
@@ -154,7 +155,8 @@ class BatchRunner:
     def background_status(self) -> dict:
         in_batch = sum(1 for lv in self.by_uid.values() if lv.extra.get("job"))
         return {"waiting": len(self.lane), "in_batch": in_batch, "rows_done": self.job_rows,
-                "yielded": self.lane.yielded, "rows_under_load": self.lane.under_load, "can_yield": self.yieldable}
+                "yielded": self.lane.yielded, "rows_under_load": self.lane.under_load,
+                "job_batch": self.lane.batch, "can_yield": self.yieldable}
 
     def _yield(self, lives: list[LiveRequest]) -> None:
         """Background rows leave the batch with their cache (decode.Generator.park), wherever they are:
