@@ -1,6 +1,7 @@
 """bench: a fine-tune on the default model beside mlx_lm.lora's own CLI, and chats while it trains.
 
     .venv/bin/python bench/training.py [--iters 60]    # writes bench/results/training.md and .json (~8 min)
+    .venv/bin/python bench/training.py --only-llama    # phase 5 again, into the same pages (~3 min)
 
 Measured in one run, on the default model (smollm2-135m-instruct) and an invented task (answer an
 order as `{"item": ..., "qty": N}`, 200 rows naming made-up items):
@@ -18,8 +19,8 @@ order as `{"item": ..., "qty": N}`, 200 rows naming made-up items):
 5. where llama.cpp's tools are found ($LLAMA_CPP_BIN): the task trained on the default model itself
    (40 steps), exported as GGUF. As F16: greedy replies to 20 unseen requests from llama-server and
    from this engine on that file, the first 16 tokens compared, and how many of llama-server's
-   replies do the task. As Q8_0: perplexity on the task's 200 conversations as plain text (`role:
-   content` lines), as llama-perplexity measures it (chunks of 256 tokens, the second half of each
+   replies do the task. As Q8_0: perplexity on the validation conversations as plain text (`role:
+   content` lines), as llama-perplexity measures it (chunks of 128 tokens, the second half of each
    scored), ours and llama-perplexity's, with the number of chunks each read.
 """
 
@@ -185,16 +186,16 @@ def llama_cpp_checks(client, rows: list, valid: list, tmp: Path) -> dict:
     # Plain text, no chat template: llama-perplexity reads special tokens such as <|im_start|> as
     # characters (split into several easy tokens), where the tokenizer reads one token each, so a
     # templated text would not be the same token sequence on both sides.
-    text = "\n\n".join("\n".join(f"{m['role']}: {m['content']}" for m in r["messages"]) for r in rows)
-    text_file = tmp / "rows.txt"
+    text = "\n\n".join("\n".join(f"{m['role']}: {m['content']}" for m in r["messages"]) for r in valid)
+    text_file = tmp / "valid.txt"
     text_file.write_text(text)
     out = {"f16_first16_same": same, "prompts": len(prompts), "task_in_llama_server": done_there,
            "task_here": done_here}
     loaded = load_model(str(q8))
     out["q8_perplexity_ours"], out["q8_scored_tokens"] = perplexity_llama_style(
-        loaded, loaded.tokenizer.encode(text), n_ctx=256)
+        loaded, loaded.tokenizer.encode(text), n_ctx=128)
     try:
-        out["q8_perplexity_llama"], out["q8_llama_chunks"] = llama_perplexity(q8, n_ctx=256, text=text_file,
+        out["q8_perplexity_llama"], out["q8_llama_chunks"] = llama_perplexity(q8, n_ctx=128, text=text_file,
                                                                               chunks=True)
     except Exception as exc:  # noqa: BLE001 - the F16 comparison above still stands
         out["perplexity_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -204,7 +205,11 @@ def llama_cpp_checks(client, rows: list, valid: list, tmp: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=60)
+    parser.add_argument("--only-llama", action="store_true",
+                        help="run phase 5 alone and put it into the existing results/training.json")
     args = parser.parse_args()
+    if args.only_llama:
+        return only_llama()
 
     from mlx_nb import Client
     from mlx_nb.client.training import close_manager
@@ -254,15 +259,39 @@ def main() -> None:
     result["speed_ratio"] = result["ours_mean"] / result["mlx_lm_cli_mean"]
     result["ttft_ratio"] = result["chat_during"]["ttft_s"] / result["chat_idle"]["ttft_s"]
     result["decode_ratio"] = result["chat_during"]["decode_tps"] / result["chat_idle"]["decode_tps"]
+    write_pages(result)
+
+
+def only_llama() -> None:
+    """Phase 5 alone (the exported GGUFs in llama.cpp), its part of results/training.json replaced."""
+    from mlx_nb import Client
+    from mlx_nb.client.training import close_manager
+    from mlx_nb.training.data import rows_of, split
+
+    result = json.loads((RESULTS / "training.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        os.environ["MLX_NB_JOBS_DIR"] = str(tmp / "home")
+        rows = order_rows()
+        _, usable, _ = rows_of(rows)
+        _, valid, _ = split(usable, None, SETTINGS["batch_size"], 0)
+        result["llama_cpp"] = llama_cpp_checks(Client(), rows, valid, tmp)
+        close_manager()
+    write_pages(result)
+
+
+def write_pages(result: dict) -> None:
+    cli, mine, steps_during, llama = (result["mlx_lm_cli_tok_s"], result["ours_tok_s"],
+                                      result["steps_trained_during_chats"], result["llama_cpp"])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "training.json").write_text(json.dumps(result, indent=1))
     (RESULTS / "training.md").write_text(f"""# Fine-tuning: beside mlx_lm.lora's CLI, and chats while it trains
 
-    .venv/bin/python bench/training.py --iters {args.iters}
+    .venv/bin/python bench/training.py --iters {result['iters']}
 
 The default model (float32 weights from its GGUF blocks), 180 training rows of the order task, batch
 {SETTINGS['batch_size']}, LoRA rank {SETTINGS['rank']} on the last {SETTINGS['num_layers']} layers, learning rate
-{SETTINGS['learning_rate']}, prompts masked; {args.iters} steps each. Tokens/s are trained (answer) tokens, as
+{SETTINGS['learning_rate']}, prompts masked; {result['iters']} steps each. Tokens/s are trained (answer) tokens, as
 mlx_lm reports them, per 10 steps, the first 10 left out.
 
 | | tokens/s (mean) | per 10 steps |
@@ -286,6 +315,7 @@ and runs between them).
     print((RESULTS / "training.md").read_text())
 
 
+
 def llama_section(llama: dict) -> str:
     if not llama:
         return "\nllama.cpp's tools were not found ($LLAMA_CPP_BIN): the GGUF export was not compared.\n"
@@ -306,8 +336,8 @@ The task trained on the default model itself (40 steps), exported by `job.export
   and in this engine on the same file: **{llama['f16_first16_same']} of {llama['prompts']}**; llama-server's
   replies do the task on {llama['task_in_llama_server']} of {llama['prompts']} (this engine's:
   {llama['task_here']}).
-- Q8_0: perplexity on the task's conversations as plain text ({llama['q8_scored_tokens']} tokens scored, chunks
-  of 256; llama-perplexity read {llama.get('q8_llama_chunks')} chunks, ours {llama['q8_scored_tokens'] // 128}):
+- Q8_0: perplexity on the validation conversations as plain text ({llama['q8_scored_tokens']} tokens scored,
+  chunks of 128; llama-perplexity read {llama.get('q8_llama_chunks')} chunks, ours {llama['q8_scored_tokens'] // 64}):
   {q8}.
 """
 

@@ -168,6 +168,12 @@ class MLXExtension(EngineTraits, ExtensionApp):
     job_ttl_s = Float(
         7 * 24 * 3600.0, help="A finished job (its results and output files) is deleted this long after it ended.",
     ).tag(config=True)
+    training_threads = Int(
+        None, allow_none=True,
+        help="BLAS threads of a fine-tune's worker process (None: as many as BLAS takes, every core). The worker is "
+        "stopped while a chat is answered either way; fewer threads leave cores to the chats that arrive while it "
+        "runs its share, and train more slowly.",
+    ).tag(config=True)
     stream_keepalive_s = Float(
         15.0, help="While a stream waits for its first token (a long prompt being read), an SSE comment this often.",
     ).tag(config=True)
@@ -343,7 +349,7 @@ class MLXExtension(EngineTraits, ExtensionApp):
             self.trained = {**self.trained, name: base}
             self.registry.adapters = {**self.registry.adapters, name: folder}
 
-        return TrainManager(self.jobs_dir or None, serve=serve, busy=busy,
+        return TrainManager(self.jobs_dir or None, serve=serve, busy=busy, threads=self.training_threads,
                             name_taken=lambda name: name in self.registry.adapters)
 
     def _memory_budget(self) -> int:

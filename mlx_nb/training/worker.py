@@ -188,7 +188,8 @@ def run(folder: Path) -> None:
     done, checkpoint = last_checkpoint(folder)
     if checkpoint is not None:
         _restore(model, optimizer, checkpoint)
-    job.update(status="running", step=done, total_steps=total, resumed_from=done or None, pid=os.getpid())
+    job.update(status="running", step=done, total_steps=total, resumed_from=done or None, pid=os.getpid(),
+               blas_threads=int(os.environ.get("OPENBLAS_NUM_THREADS") or 0) or None)
 
     config = SimpleNamespace(mask_prompt=settings.mask_prompt and record["shape"] != "text")
     train_set = CacheDataset(create_dataset(train_rows, tokenizer, config))

@@ -26,7 +26,7 @@ ROWS = [{"prompt": f"{i} plus {i}", "completion": f"{2 * i} and that is all"} fo
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("fine_tuning")
-    with serving(root, MODEL, f"--MLXExtension.jobs_dir={root / 'jobs'}") as s:
+    with serving(root, MODEL, f"--MLXExtension.jobs_dir={root / 'jobs'}", "--MLXExtension.training_threads=2") as s:
         yield s
 
 
@@ -37,6 +37,7 @@ def test_a_client_of_the_server_trains_and_the_server_serves_the_adapter_at_once
     assert job.status()["status"] == "completed"
     assert job.checkpoints() == [f"{MODEL}@sums:step-4", f"{MODEL}@sums"]
     assert [e["step"] for e in job.losses() if e["kind"] == "train"] == list(range(1, 9))
+    assert job.status()["blas_threads"] == 2  # the server's training_threads reached the worker
 
     sdk = openai.OpenAI(base_url=server.url, api_key=server.key, max_retries=0)
     got = sdk.fine_tuning.jobs.retrieve(job.id)
