@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -31,21 +32,39 @@ from quality import PROMPTS, TEXT  # noqa: E402
 N_CTX = 512
 
 
-def perplexity_llama_style(loaded, ids: list[int], n_ctx: int = N_CTX) -> tuple[float, int]:
-    """llama-perplexity's measure: the text in chunks of n_ctx tokens, each read from scratch, the
-    tokens of its second half scored. Returns (perplexity, tokens scored)."""
+def perplexity_llama_style(loaded, ids: list[int], n_ctx: int = N_CTX, bos: Optional[int] = None) -> tuple[float, int]:
+    """llama-perplexity's measure, token for token: the text in chunks of n_ctx tokens, each read from
+    scratch (its first token replaced by `bos` where the file's tokenizer adds one), the logits at
+    positions n_ctx/2 .. n_ctx-2 scoring the tokens after them (n_ctx/2 - 1 per chunk). Returns
+    (perplexity, tokens scored)."""
     import mlx.core as mx
     import mlx.nn as nn
 
     total, count = 0.0, 0
+    first = n_ctx // 2
     for start in range(0, len(ids) - n_ctx + 1, n_ctx):
-        chunk = mx.array(ids[start:start + n_ctx])[None]
+        chunk_ids = ids[start:start + n_ctx]
+        if bos is not None:
+            chunk_ids = [bos, *chunk_ids[1:]]
+        chunk = mx.array(chunk_ids)[None]
         logits = loaded.model(chunk[:, :-1]).astype(mx.float32)
-        first = n_ctx // 2
-        loss = nn.losses.cross_entropy(logits[:, first - 1:], chunk[:, first:], reduction="sum")
+        loss = nn.losses.cross_entropy(logits[:, first:], chunk[:, first + 1:], reduction="sum")
         total += loss.item()
-        count += n_ctx - first
+        count += n_ctx - 1 - first
     return math.exp(total / count), count
+
+
+def bos_if_added(gguf: Path) -> Optional[int]:
+    """The BOS id llama-perplexity puts first in every chunk, if the file's tokenizer adds one."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+
+    def value(key):
+        f = fields.get(key)
+        return None if f is None else f.parts[f.data[0]][0]
+
+    return int(value("tokenizer.ggml.bos_token_id")) if value("tokenizer.ggml.add_bos_token") else None
 
 
 def llama_perplexity(gguf: Path, n_ctx: int = N_CTX, text: Path = TEXT, chunks: bool = False):
@@ -90,7 +109,7 @@ def main() -> None:
         os.environ["MLX_NB_ACTIVATIONS"] = setting
         loaded = load_model(str(gguf))
         ids = loaded.tokenizer.encode(text)
-        ppl, scored = perplexity_llama_style(loaded, ids)
+        ppl, scored = perplexity_llama_style(loaded, ids, bos=bos_if_added(gguf))
         ours[name] = {"perplexity": ppl, "tokens": len(ids), "scored": scored, "formats": loaded.weights["formats"],
                       "replies": continuations(loaded)}
         print(name, ppl, flush=True)

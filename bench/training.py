@@ -155,7 +155,7 @@ def llama_cpp_checks(client, rows: list, valid: list, tmp: Path) -> dict:
 
     sys.path.insert(0, str(HERE))
     import servers
-    from quality_gguf import llama_perplexity, perplexity_llama_style
+    from quality_gguf import bos_if_added, llama_perplexity, perplexity_llama_style
 
     from mlx_nb.engine import Engine
     from mlx_nb.models import load_model
@@ -193,7 +193,7 @@ def llama_cpp_checks(client, rows: list, valid: list, tmp: Path) -> dict:
            "task_here": done_here}
     loaded = load_model(str(q8))
     out["q8_perplexity_ours"], out["q8_scored_tokens"] = perplexity_llama_style(
-        loaded, loaded.tokenizer.encode(text), n_ctx=128)
+        loaded, loaded.tokenizer.encode(text), n_ctx=128, bos=bos_if_added(q8))
     try:
         out["q8_perplexity_llama"], out["q8_llama_chunks"] = llama_perplexity(q8, n_ctx=128, text=text_file,
                                                                               chunks=True)
@@ -275,7 +275,7 @@ def only_llama() -> None:
         rows = order_rows()
         _, usable, _ = rows_of(rows)
         _, valid, _ = split(usable, None, SETTINGS["batch_size"], 0)
-        result["llama_cpp"] = llama_cpp_checks(Client(), rows, valid, tmp)
+        result["llama_cpp"] = {**llama_cpp_checks(Client(), rows, valid, tmp), "run_alone": True}
         close_manager()
     write_pages(result)
 
@@ -330,14 +330,15 @@ def llama_section(llama: dict) -> str:
     return f"""
 ## The exported GGUF in llama.cpp
 
-The task trained on the default model itself (40 steps), exported by `job.export(..., format="gguf")`.
+The task trained on the default model itself (40 steps), exported by `job.export(..., format="gguf")`{
+" (this part run again alone: `bench/training.py --only-llama`)" if llama.get("run_alone") else ""}.
 
 - F16: greedy replies to {llama['prompts']} unseen requests, the first 16 tokens identical in llama-server
   and in this engine on the same file: **{llama['f16_first16_same']} of {llama['prompts']}**; llama-server's
   replies do the task on {llama['task_in_llama_server']} of {llama['prompts']} (this engine's:
   {llama['task_here']}).
 - Q8_0: perplexity on the validation conversations as plain text ({llama['q8_scored_tokens']} tokens scored,
-  chunks of 128; llama-perplexity read {llama.get('q8_llama_chunks')} chunks, ours {llama['q8_scored_tokens'] // 64}):
+  chunks of 128; llama-perplexity read {llama.get('q8_llama_chunks')} chunks, ours {llama['q8_scored_tokens'] // 63}):
   {q8}.
 """
 

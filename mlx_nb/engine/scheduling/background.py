@@ -38,6 +38,7 @@ UNDER_LOAD_ROWS = 1  # rows beside interactive ones once the job waited STARVED_
 JOB_BATCH = 16  # most background rows in the batch at once (Engine(job_batch=)): see the module docstring
 STARVED_S = 1.0  # how long interactive rows hold the batch alone before a waiting job gets its minimum share
 WAVE_WAIT_S = 2.0  # room left unused this long: waiting rows join without waiting for a whole wave
+WAVE_FRACTION = 1.0  # the part of the job batch that must be free before a wave joins
 
 
 @dataclass
@@ -105,7 +106,7 @@ class BackgroundLane:
             self.room_since = now
         if self.room_since is not None and now - self.room_since >= WAVE_WAIT_S:
             return 1
-        return max(1, min(len(self), max_batch, self.batch))
+        return max(1, min(len(self), int(min(max_batch, self.batch) * WAVE_FRACTION)))
 
     def take(self, n: int) -> list:
         """Up to `n` rows to (re)join the batch: parked ones first, then one per job in turn."""
