@@ -19,8 +19,8 @@ submit, as an interactive request does: they wait here, and between two steps th
 - When an interactive request arrives, every background row *yields*, decoding or still reading its
   prompt: the runner takes it out of the batch with its cache (`Parked`) and puts it back, exactly
   where it stopped, when there is room again; its text stream, constraint state and budget go on as
-  if it had never left. With no background row left, the step they had under way is dropped rather than finished, so the request
-  starts at the next step.
+  if it had never left. With no background row left, the step they had under way is dropped rather
+  than finished, so the request starts at the next step.
 - A job is never starved: once interactive rows have held the batch for `STARVED_S` while the job
   waits, `under_load` of its rows (its minimum share) run beside them until they are gone. A chat of
   a few seconds runs alone; a stream of chats still lets the job finish rows.
