@@ -21,7 +21,8 @@ order as `{"item": ..., "qty": N}`, 200 rows naming made-up items):
    from this engine on that file, the first 16 tokens compared, and how many of llama-server's
    replies do the task. As Q8_0: perplexity on the validation conversations as plain text (`role:
    content` lines), as llama-perplexity measures it (chunks of 128 tokens, the second half of each
-   scored), ours and llama-perplexity's, with the number of chunks each read.
+   scored), ours and llama-perplexity's, with the number of chunks each read; the same as Q4_K_M
+   where llama-quantize is found (the export calls it).
 """
 
 from __future__ import annotations
@@ -199,6 +200,13 @@ def llama_cpp_checks(client, rows: list, valid: list, tmp: Path) -> dict:
                                                                               chunks=True)
     except Exception as exc:  # noqa: BLE001 - the F16 comparison above still stands
         out["perplexity_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    if servers.llama_tool("llama-quantize") is not None:  # Q4_K_M goes through llama-quantize (job.export)
+        q4 = Path(job.export(tmp / "orders-q4_k_m.gguf", format="gguf", quantize="Q4_K_M"))
+        loaded = load_model(str(q4))
+        out["q4km_perplexity_ours"], _ = perplexity_llama_style(loaded, loaded.tokenizer.encode(text), n_ctx=128,
+                                                                bos=bos_if_added(q4))
+        out["q4km_perplexity_llama"], out["q4km_llama_chunks"] = llama_perplexity(q4, n_ctx=128, text=text_file,
+                                                                                  chunks=True)
     return out
 
 
@@ -327,6 +335,12 @@ def llama_section(llama: dict) -> str:
               f"(**{(ratio - 1) * 100:+.2f}%**)")
     else:
         q8 = f"ours {llama['q8_perplexity_ours']:.4f}; llama-perplexity failed: {llama['perplexity_error']}"
+    q4 = ""
+    if "q4km_perplexity_llama" in llama:
+        ratio = llama["q4km_perplexity_ours"] / llama["q4km_perplexity_llama"]
+        q4 = (f"\n- Q4_K_M (by llama-quantize, through `job.export(..., quantize=\"Q4_K_M\")`): the same text "
+              f"({llama['q4km_llama_chunks']} chunks): llama-perplexity {llama['q4km_perplexity_llama']:.4f}, "
+              f"ours {llama['q4km_perplexity_ours']:.4f} (**{(ratio - 1) * 100:+.2f}%**).")
     return f"""
 ## The exported GGUF in llama.cpp
 
@@ -339,7 +353,7 @@ The task trained on the default model itself (40 steps), exported by `job.export
   {llama['task_here']}).
 - Q8_0: perplexity on the validation conversations as plain text ({llama['q8_scored_tokens']} tokens scored,
   chunks of 128; llama-perplexity read {llama.get('q8_llama_chunks')} chunks, ours {llama['q8_scored_tokens'] // 63}):
-  {q8}.
+  {q8}.{q4}
 """
 
 
