@@ -69,14 +69,14 @@ def data_home(tmp_path, monkeypatch):
 
 def test_a_fine_tune_teaches_the_default_model_a_json_shape_and_is_served_beside_it(data_home):
     client = Client()
-    job = client.train(order_rows(0, 200), name="orders", iters=28, learning_rate=4e-4, num_layers=8, batch_size=2,
-                       steps_per_save=14, progress=False)
+    job = client.train(order_rows(0, 200), name="orders", iters=16, learning_rate=4e-4, num_layers=8, batch_size=2,
+                       steps_per_save=8, progress=False)
     info = job.status()
     assert info["status"] == "completed" and info["rows"] == {"train": 180, "valid": 20, "dropped": {},
                                                              "truncated": 0}
     val = [e["val_loss"] for e in job.losses() if e["kind"] == "val"]
     assert val[-1] <= 0.5 * val[0], val  # validation loss falls by half at least
-    assert job.checkpoints() == [f"{BASE}@orders:step-14", f"{BASE}@orders"]
+    assert job.checkpoints() == [f"{BASE}@orders:step-8", f"{BASE}@orders"]
 
     rng = random.Random(1)
     asks = [(rng.choice(ASKS).format(n=(q := rng.randint(1, 99)), item=item), q)
@@ -88,9 +88,9 @@ def test_a_fine_tune_teaches_the_default_model_a_json_shape_and_is_served_beside
     print("in shape:", tuned, base, "val", val[0], val[-1])
     assert tuned >= 16 and base <= 4, (tuned, base, rows[:3])
     # the checkpoint is served too, and the engine never reloaded the base model for either
-    assert client.chat(asks[0][0], model=f"{BASE}@orders:step-14", max_tokens=8).text
-    assert {a["name"] for a in client.engine.adapters()} == {"orders", "orders:step-14"}
-    for name in ("orders", "orders:step-14"):  # the shared engine goes on serving the next tests without them
+    assert client.chat(asks[0][0], model=f"{BASE}@orders:step-8", max_tokens=8).text
+    assert {a["name"] for a in client.engine.adapters()} == {"orders", "orders:step-8"}
+    for name in ("orders", "orders:step-8"):  # the shared engine goes on serving the next tests without them
         client.engine.unload_adapter(name)
 
 
