@@ -97,13 +97,13 @@ class TrainManager:
             raise TrainingError(str(exc)) from None
         fingerprint = hashlib.sha256(json.dumps([s.to_dict(), train, valid], sort_keys=True, ensure_ascii=False,
                                                 default=str).encode()).hexdigest()
-        for r in self._records():  # the same fine-tune asked for again (a cell run again): that job
-            if r.get("fingerprint") == fingerprint and r.get("status") not in ("cancelled", "failed"):
+        kept = [r for r in self._records() if r.get("status") not in ("cancelled", "failed")]
+        for r in kept:  # the same fine-tune asked for again (a cell run again): that job
+            if r.get("fingerprint") == fingerprint:
                 if r.get("status") in UNFINISHED:
                     self._enqueue(r["id"])  # resumed from its last checkpoint, if no process runs it
                 return r["id"]
-        if self.name_taken(name) or any(r.get("settings", {}).get("name") == name and r.get("status") != "cancelled"
-                                         and r.get("status") != "failed" for r in self._records()):
+        if self.name_taken(name) or any(r.get("settings", {}).get("name") == name for r in kept):
             raise TrainingError(f"an adapter named {name!r} exists already with other rows or settings: pick "
                                 "another name")
         truncated = self._check_lengths(s, train + valid)
